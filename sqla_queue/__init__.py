@@ -1,0 +1,51 @@
+"""sqla_queue: a PostgreSQL job queue that lives inside your SQLAlchemy application.
+
+>>> queue = Queue(Base)                       # tables join your metadata
+>>> @queue.task
+... def send_email(to: str) -> None: ...
+>>> send_email.enqueue(session, to="a@b.c")   # inside your transaction
+>>> queue.worker(SessionLocal).run()          # or: sqla-queue worker myapp.jobs:queue
+"""
+
+from sqla_queue.core.backoff import RetryPolicy
+from sqla_queue.core.outcomes import Reschedule, Retry
+from sqla_queue.errors import (
+    InvalidIdentifierError,
+    PayloadNotSerializableError,
+    SchemaMismatchError,
+    SqlaQueueError,
+    TaskAlreadyRegisteredError,
+    UnknownTaskError,
+)
+from sqla_queue.models import SCHEMA_VERSION, Job, JobExecution, JobStatus
+from sqla_queue.queue import Queue
+from sqla_queue.task import EnqueueOptions, JobSpec, Task
+from sqla_queue.worker import AsyncWorker, JobContext, RunStats, Worker, WorkerSettings
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "AsyncWorker",
+    "EnqueueOptions",
+    "InvalidIdentifierError",
+    "Job",
+    "JobContext",
+    "JobExecution",
+    "JobSpec",
+    "JobStatus",
+    "PayloadNotSerializableError",
+    "Queue",
+    "Reschedule",
+    "Retry",
+    "RetryPolicy",
+    "RunStats",
+    "SchemaMismatchError",
+    "SqlaQueueError",
+    "Task",
+    "TaskAlreadyRegisteredError",
+    "UnknownTaskError",
+    "Worker",
+    "WorkerSettings",
+    "__version__",
+]

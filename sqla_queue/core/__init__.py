@@ -1,0 +1,1 @@
+"""I/O-free logic shared by every face of the queue: payloads, backoff, outcomes."""

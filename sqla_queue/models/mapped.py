@@ -1,0 +1,68 @@
+"""Mapped classes over the queue's tables, so the host can query jobs with its own Session."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from sqlalchemy.orm import registry as Registry
+
+from sqla_queue.models.tables import QueueTables
+
+__all__ = ["Job", "JobExecution", "map_classes"]
+
+
+class Job:
+    """A durable job: what to run, with which arguments, and how it ended.
+
+    Query it with the host's Session: ``session.scalars(select(queue.Job))``.
+    """
+
+    id: int
+    task: str
+    payload: dict[str, Any]
+    priority: int
+    queue_id: str | None
+    status: str
+    attempts: int
+    max_attempts: int
+    errors: list[dict[str, Any]]
+    result: Any
+    created_at: dt.datetime
+    scheduled_at: dt.datetime
+    finished_at: dt.datetime | None
+
+    def __repr__(self) -> str:
+        return f"<Job id={self.id} task={self.task!r} status={self.status!r}>"
+
+
+class JobExecution:
+    """The live row of a job while it is pending or running."""
+
+    id: int
+    task: str
+    priority: int
+    queue_id: str | None
+    state: str
+    execute_at: dt.datetime
+    attempt: int
+    reclaims: int
+    worker_id: uuid.UUID | None
+    alive_at: dt.datetime | None
+    lease_seconds: float | None
+
+    def __repr__(self) -> str:
+        return f"<JobExecution id={self.id} task={self.task!r} state={self.state!r}>"
+
+
+def map_classes(reg: Registry, tables: QueueTables) -> tuple[type[Job], type[JobExecution]]:
+    """Map fresh subclasses of :class:`Job` and :class:`JobExecution` onto ``tables``.
+
+    Fresh subclasses keep two queues in one registry (say, two schemas) from sharing a mapper.
+    """
+    job_cls: type[Job] = type("Job", (Job,), {"__module__": __name__})
+    exec_cls: type[JobExecution] = type("JobExecution", (JobExecution,), {"__module__": __name__})
+    reg.map_imperatively(job_cls, tables.jobs)
+    reg.map_imperatively(exec_cls, tables.executions)
+    return job_cls, exec_cls

@@ -1,0 +1,208 @@
+"""The queue's two tables, built into the host application's own MetaData.
+
+``jobs`` is the durable record of every request: arguments, outcome, error history. It is
+written at enqueue and again when the job reaches a final state (or fails an attempt).
+
+``job_executions`` is the live, narrow, hot table: one row while a job is pending or running,
+deleted when the job finishes. Claims, heartbeats and reclaims touch only this table, which
+keeps their cost (and vacuum's) independent of how much history ``jobs`` holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Double,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    Uuid,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.sql.elements import conv
+
+from sqla_queue._identifiers import validate_prefix, validate_schema
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "SCHEMA_VERSION",
+    "JobStatus",
+    "QueueTables",
+    "build_tables",
+    "schema_version_comment",
+]
+
+DEFAULT_PREFIX = "sqla_queue_"
+
+#: The schema version that these models describe. Each released version is frozen in
+#: ``alembic_ext`` so that an old migration never changes meaning.
+SCHEMA_VERSION = 1
+
+_VERSION_COMMENT = "sqla_queue schema version {}"
+
+
+class JobStatus:
+    """Values of ``jobs.status``. A job is ``queued`` while its execution row exists."""
+
+    QUEUED = "queued"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    ALL = (QUEUED, SUCCEEDED, FAILED, CANCELLED)
+
+
+class ExecutionState:
+    """Values of ``job_executions.state``."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    ALL = (PENDING, RUNNING)
+
+
+def schema_version_comment(version: int) -> str:
+    """The table comment that records the schema version on ``job_executions``."""
+    return _VERSION_COMMENT.format(version)
+
+
+@dataclass(frozen=True)
+class QueueTables:
+    """The Core tables of one queue, plus the names derived from its prefix."""
+
+    jobs: Table
+    executions: Table
+    schema: str | None
+    prefix: str
+
+    @property
+    def notify_channel(self) -> str:
+        """The LISTEN/NOTIFY channel on which enqueues wake idle workers."""
+        return f"{self.schema or 'public'}.{self.prefix}wakeup"
+
+
+def _in(values: tuple[str, ...]) -> str:
+    return ", ".join(f"'{v}'" for v in values)
+
+
+def build_tables(
+    metadata: MetaData, *, schema: str | None = None, prefix: str = DEFAULT_PREFIX
+) -> QueueTables:
+    """Create the queue's tables in ``metadata`` and return them.
+
+    Every constraint and index name goes through ``conv()`` so that the host's naming
+    convention cannot rename objects that migrations and verification refer to.
+    """
+    schema = validate_schema(schema)
+    prefix = validate_prefix(prefix)
+    jobs_name = f"{prefix}jobs"
+    exec_name = f"{prefix}job_executions"
+
+    jobs = Table(
+        jobs_name,
+        metadata,
+        Column("id", BigInteger, Identity(always=False), primary_key=True),
+        Column("task", Text, nullable=False),
+        Column("payload", JSONB, nullable=False),
+        Column("priority", Integer, nullable=False, server_default=text("0")),
+        Column("queue_id", Text, nullable=True),
+        Column("status", Text, nullable=False, server_default=text(f"'{JobStatus.QUEUED}'")),
+        Column("attempts", Integer, nullable=False, server_default=text("0")),
+        Column("max_attempts", Integer, nullable=False),
+        Column("errors", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+        Column("result", JSONB, nullable=True),
+        Column(
+            "created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")
+        ),
+        Column("scheduled_at", DateTime(timezone=True), nullable=False),
+        Column("finished_at", DateTime(timezone=True), nullable=True),
+        CheckConstraint(f"status IN ({_in(JobStatus.ALL)})", name=conv(f"{jobs_name}_status_ck")),
+        CheckConstraint("max_attempts >= 1", name=conv(f"{jobs_name}_max_attempts_ck")),
+        schema=schema,
+        comment="sqla_queue: durable record of every job",
+    )
+    Index(
+        conv(f"{jobs_name}_failed_ix"),
+        jobs.c.finished_at,
+        postgresql_where=jobs.c.status == JobStatus.FAILED,
+    )
+    Index(
+        conv(f"{jobs_name}_finished_ix"),
+        jobs.c.finished_at,
+        postgresql_where=jobs.c.finished_at.is_not(None),
+    )
+
+    jobs_ref = f"{schema}.{jobs_name}.id" if schema else f"{jobs_name}.id"
+    executions = Table(
+        exec_name,
+        metadata,
+        Column(
+            "id",
+            BigInteger,
+            ForeignKey(jobs_ref, ondelete="CASCADE", name=conv(f"{exec_name}_job_fk")),
+            primary_key=True,
+        ),
+        Column("task", Text, nullable=False),
+        Column("priority", Integer, nullable=False),
+        Column("queue_id", Text, nullable=True),
+        Column("state", Text, nullable=False, server_default=text(f"'{ExecutionState.PENDING}'")),
+        Column("execute_at", DateTime(timezone=True), nullable=False),
+        Column("attempt", Integer, nullable=False, server_default=text("0")),
+        Column("reclaims", Integer, nullable=False, server_default=text("0")),
+        Column("worker_id", Uuid, nullable=True),
+        Column("alive_at", DateTime(timezone=True), nullable=True),
+        Column("lease_seconds", Double, nullable=True),
+        CheckConstraint(
+            f"state IN ({_in(ExecutionState.ALL)})", name=conv(f"{exec_name}_state_ck")
+        ),
+        schema=schema,
+        comment=schema_version_comment(SCHEMA_VERSION),
+        # Claims and heartbeats rewrite rows in place; free space on the page lets
+        # PostgreSQL keep the new version on the same page.
+        postgresql_with={"fillfactor": "70"},
+    )
+    pending = executions.c.state == ExecutionState.PENDING
+    running = executions.c.state == ExecutionState.RUNNING
+    # The claim walks this index in its ORDER BY and stops after one batch.
+    Index(
+        conv(f"{exec_name}_claim_ix"),
+        executions.c.priority.desc(),
+        executions.c.execute_at,
+        executions.c.id,
+        postgresql_where=pending,
+    )
+    # The next due time of an idle poller: min(execute_at) over pending rows.
+    Index(conv(f"{exec_name}_due_ix"), executions.c.execute_at, postgresql_where=pending)
+    # Heartbeats and the reclaimer only ever look at running rows, which are few.
+    Index(conv(f"{exec_name}_running_ix"), executions.c.alive_at, postgresql_where=running)
+    # Head-of-queue probe: is there an earlier active row with the same queue_id?
+    Index(
+        conv(f"{exec_name}_queue_ix"),
+        executions.c.queue_id,
+        executions.c.execute_at,
+        executions.c.id,
+        postgresql_where=executions.c.queue_id.is_not(None),
+    )
+    # The database's own guarantee that one queue_id never runs twice at once.
+    Index(
+        conv(f"{exec_name}_queue_running_uq"),
+        executions.c.queue_id,
+        unique=True,
+        postgresql_where=running & executions.c.queue_id.is_not(None),
+    )
+    tables = QueueTables(jobs=jobs, executions=executions, schema=schema, prefix=prefix)
+    # Tooling (alembic_ext's comparator, verification) finds the queue's tables here
+    # without importing the host's Queue object.
+    info = {"schema_version": SCHEMA_VERSION, "prefix": prefix, "schema": schema}
+    jobs.info["sqla_queue"] = {**info, "role": "jobs"}
+    executions.info["sqla_queue"] = {**info, "role": "executions"}
+    metadata.info.setdefault("sqla_queue", []).append(tables)
+    return tables

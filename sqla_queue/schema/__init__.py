@@ -1,0 +1,1 @@
+"""Creating the queue's schema without Alembic, and verifying it at worker start."""

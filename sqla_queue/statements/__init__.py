@@ -1,0 +1,24 @@
+"""Statement builders: pure functions from the queue's tables to SQLAlchemy Core statements.
+
+Each builder takes a :class:`~sqla_queue.models.QueueTables` and returns a statement with
+bound parameters only, so a test can compile it with the PostgreSQL dialect without a
+database, and SQLAlchemy's compiled cache serves every later execution.
+"""
+
+from sqla_queue.statements.admin import failed_jobs_statement, prune_statement, requeue_statement
+from sqla_queue.statements.claim import claim_statement
+from sqla_queue.statements.complete import complete_statement
+from sqla_queue.statements.enqueue import ENQUEUE_ROW_FIELDS, enqueue_statement
+from sqla_queue.statements.liveness import heartbeat_statement, reclaim_statement
+
+__all__ = [
+    "ENQUEUE_ROW_FIELDS",
+    "claim_statement",
+    "complete_statement",
+    "enqueue_statement",
+    "failed_jobs_statement",
+    "heartbeat_statement",
+    "prune_statement",
+    "reclaim_statement",
+    "requeue_statement",
+]

@@ -1,0 +1,152 @@
+"""The completion: one fenced statement per flushed batch of outcomes.
+
+Parameters: ``outcomes`` (JSON text: a list of :meth:`Outcome.as_row` objects) and
+``worker_id``. Each outcome only applies when the execution is still running under this
+worker *and* this attempt; a worker whose job was reclaimed and claimed again writes
+nothing. The statement returns the ids it did apply, so the caller can tell which were
+fenced off.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CompoundSelect,
+    DateTime,
+    Double,
+    Integer,
+    Text,
+    Uuid,
+    and_,
+    bindparam,
+    case,
+    cast,
+    column,
+    delete,
+    func,
+    literal_column,
+    null,
+    select,
+    union_all,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+from sqla_queue.core.outcomes import OutcomeKind
+from sqla_queue.models.tables import QueueTables
+from sqla_queue.statements._common import (
+    FAILED,
+    PENDING,
+    RUNNING,
+    SUCCEEDED,
+    seconds,
+    state_literal,
+)
+
+__all__ = ["complete_statement"]
+
+_FINAL = (OutcomeKind.SUCCEEDED, OutcomeKind.FAILED)
+_REQUEUE = (OutcomeKind.RETRY, OutcomeKind.RESCHEDULE, OutcomeKind.RELEASE)
+_RECORDED = (OutcomeKind.SUCCEEDED, OutcomeKind.FAILED, OutcomeKind.RETRY)
+
+
+def _kinds(kinds: tuple[OutcomeKind, ...]) -> list[object]:
+    return [state_literal(k.value) for k in kinds]
+
+
+def complete_statement(tables: QueueTables) -> CompoundSelect[tuple[int]]:
+    """Build the completion statement for ``tables``.
+
+    * succeeded / failed: delete the execution, write the job's final status, result,
+      error and ``finished_at``;
+    * retry: execution back to pending at the retry time, the attempt kept (it counted),
+      the error appended to the job's history;
+    * reschedule / release: back to pending with the attempt given back.
+    """
+    ex = tables.executions
+    jobs = tables.jobs
+    outcome = (
+        func.jsonb_to_recordset(cast(bindparam("outcomes", type_=Text), JSONB))
+        .table_valued(
+            column("id", BigInteger),
+            column("attempt", Integer),
+            column("kind", Text),
+            column("result", JSONB),
+            column("error", JSONB),
+            column("execute_at", DateTime(timezone=True)),
+            column("delay", Double),
+        )
+        .render_derived(name="o", with_types=True)
+    )
+    worker = bindparam("worker_id", type_=Uuid)
+    fence = and_(
+        ex.c.id == outcome.c.id,
+        ex.c.attempt == outcome.c.attempt,
+        ex.c.worker_id == worker,
+        ex.c.state == RUNNING,
+    )
+    finished = (
+        delete(ex)
+        .where(fence, outcome.c.kind.in_(_kinds(_FINAL)))
+        .returning(ex.c.id)
+        .cte("finished")
+    )
+    next_run = func.coalesce(
+        outcome.c.execute_at,
+        func.now() + seconds(func.coalesce(outcome.c.delay, 0.0)),
+    )
+    requeued = (
+        update(ex)
+        .where(fence, outcome.c.kind.in_(_kinds(_REQUEUE)))
+        .values(
+            state=PENDING,
+            worker_id=null(),
+            alive_at=null(),
+            execute_at=next_run,
+            attempt=case(
+                (outcome.c.kind == state_literal(OutcomeKind.RETRY.value), ex.c.attempt),
+                else_=ex.c.attempt - 1,
+            ),
+        )
+        .returning(ex.c.id)
+        .cte("requeued")
+    )
+    applied = union_all(select(finished.c.id), select(requeued.c.id))
+    kind = outcome.c.kind
+    recorded = (
+        update(jobs)
+        .where(
+            jobs.c.id == outcome.c.id,
+            jobs.c.id.in_(applied),
+            kind.in_(_kinds(_RECORDED)),
+        )
+        .values(
+            status=case(
+                (kind == state_literal(OutcomeKind.SUCCEEDED.value), SUCCEEDED),
+                (kind == state_literal(OutcomeKind.FAILED.value), FAILED),
+                else_=jobs.c.status,
+            ),
+            result=case(
+                (kind == state_literal(OutcomeKind.SUCCEEDED.value), outcome.c.result),
+                else_=jobs.c.result,
+            ),
+            errors=case(
+                (outcome.c.error.is_(None), jobs.c.errors),
+                else_=jobs.c.errors.op("||")(func.jsonb_build_array(outcome.c.error)),
+            ),
+            attempts=outcome.c.attempt,
+            finished_at=case(
+                (kind.in_(_kinds(_FINAL)), func.now()),
+                else_=jobs.c.finished_at,
+            ),
+        )
+        .returning(jobs.c.id)
+        .cte("recorded")
+    )
+    # "recorded" is not read by the final SELECT; PostgreSQL runs data-modifying CTEs
+    # regardless. Selecting from it keeps SQLAlchemy from dropping the unreferenced CTE.
+    return union_all(
+        select(finished.c.id),
+        select(requeued.c.id),
+        select(recorded.c.id).where(literal_column("false")),
+    )

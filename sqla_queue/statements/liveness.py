@@ -1,0 +1,74 @@
+"""Heartbeat and reclaim: how a worker proves it is alive, and how others notice it is not."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    Update,
+    Uuid,
+    bindparam,
+    func,
+    null,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+
+from sqla_queue.models.tables import QueueTables
+from sqla_queue.statements._common import PENDING, RUNNING, seconds
+
+__all__ = ["heartbeat_statement", "reclaim_statement"]
+
+
+def heartbeat_statement(tables: QueueTables) -> Update:
+    """Refresh ``alive_at`` of the executions this worker is actually running.
+
+    Parameters: ``worker_id``, ``ids`` (bigint[]) and ``attempts`` (int[]), pairwise. The
+    (id, attempt) fence means a heartbeat never revives an execution that was reclaimed and
+    claimed again. Returns the ids that are still held; the rest were lost.
+    """
+    ex = tables.executions
+    held = select(
+        func.unnest(bindparam("ids", type_=ARRAY(BigInteger))),
+        func.unnest(bindparam("attempts", type_=ARRAY(Integer))),
+    )
+    return (
+        update(ex)
+        .where(
+            ex.c.worker_id == bindparam("worker_id", type_=Uuid),
+            ex.c.state == RUNNING,
+            tuple_(ex.c.id, ex.c.attempt).in_(held),
+        )
+        .values(alive_at=func.now())
+        .returning(ex.c.id)
+    )
+
+
+def reclaim_statement(tables: QueueTables) -> Update:
+    """Return running executions whose heartbeat is older than their lease to pending.
+
+    Parameter: ``worker_id`` (this worker's own rows are never reclaimed by itself). Rows are
+    locked in id order with SKIP LOCKED, so two reclaimers never deadlock and never wait on
+    a row that a completer is deleting. The attempt stays as it is: the next claim counts a
+    new one. ``reclaims`` counts how often the job was lost.
+    """
+    ex = tables.executions
+    stale_cte = (
+        select(ex.c.id)
+        .where(
+            ex.c.state == RUNNING,
+            ex.c.alive_at < func.now() - seconds(ex.c.lease_seconds),
+            ex.c.worker_id.is_distinct_from(bindparam("worker_id", type_=Uuid)),
+        )
+        .order_by(ex.c.id)
+        .with_for_update(skip_locked=True)
+        .cte("stale")
+    )
+    return (
+        update(ex)
+        .where(ex.c.id == stale_cte.c.id)
+        .values(state=PENDING, worker_id=null(), alive_at=null(), reclaims=ex.c.reclaims + 1)
+        .returning(ex.c.id, ex.c.task, ex.c.attempt, ex.c.reclaims)
+    )

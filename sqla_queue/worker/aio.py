@@ -1,0 +1,164 @@
+"""The asyncio worker: a run loop in the caller's event loop, ``def`` handlers in threads."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
+
+from sqla_queue.worker.background import sync_engine_from_url
+from sqla_queue.worker.base import RunStats, WorkerBase, bound_engine
+from sqla_queue.worker.core import Claim, Flush, Reclaim, Stop, Wait, WorkerCore, _Running
+from sqla_queue.worker.handlers import HandlerPool, run_async_handler, run_sync_handler
+from sqla_queue.worker.settings import WorkerSettings
+from sqla_queue.worker.signals import graceful_signals
+
+__all__ = ["AsyncWorker"]
+
+log = logging.getLogger("sqla_queue.worker")
+
+
+class AsyncWorker(WorkerBase):
+    """Runs ``async def`` handlers as tasks in the running loop; ``def`` ones in threads.
+
+    Build it with :meth:`Queue.async_worker`; ``await worker.run()``.
+    """
+
+    def __init__(
+        self,
+        queue: Any,
+        session_factory: async_sessionmaker[AsyncSession],
+        settings: WorkerSettings,
+    ) -> None:
+        super().__init__(queue, session_factory, settings)
+        self.engine: AsyncEngine = bound_engine(session_factory)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def stop(self) -> None:
+        """Ask a running :meth:`run` to shut down gracefully. Safe from any thread."""
+        if self.core is not None:
+            self.core.request_stop(time.monotonic())
+
+    async def run(self, *, burst: bool = False) -> RunStats:
+        """Process jobs until SIGINT/SIGTERM (or :meth:`stop`); with ``burst``, until idle."""
+        core = self._new_core(burst)
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        wake = asyncio.Event()
+        core.set_waker(lambda: loop.call_soon_threadsafe(wake.set))
+        if self.settings.verify_schema:
+            async with self.engine.connect() as connection:
+                await connection.run_sync(lambda c: self.queue.verify(c))
+        # Heartbeats run on a thread with a sync connection, immune to a blocked loop.
+        heartbeat_engine = sync_engine_from_url(self.engine.url)
+        pool, heartbeater, listener = self._start_background(
+            core, heartbeat_engine, self.engine.url
+        )
+        make_context = self._make_context(core)
+        connection: AsyncConnection | None = None
+        log.info("async worker %s started: tasks %s", core.worker_id, sorted(core.tasks))
+        try:
+            with graceful_signals(
+                lambda: core.request_stop(time.monotonic()),
+                enabled=self.settings.install_signal_handlers,
+            ):
+                while True:
+                    wake.clear()
+                    now = time.monotonic()
+                    action = core.next_action(now)
+                    if isinstance(action, Stop):
+                        break
+                    if isinstance(action, Wait):
+                        await _wait(wake, action.timeout)
+                        continue
+                    try:
+                        if connection is None:
+                            connection = await self.engine.connect()
+                        await self._perform(connection, core, action, now, pool, make_context)
+                    except DBAPIError as exc:
+                        connection = await _discard(connection)
+                        if isinstance(action, Claim) and self._is_lost_race(exc):
+                            core.claim_lost_race(now)
+                            continue
+                        await _wait(wake, core.database_error(action, exc, now))
+        finally:
+            self._stop_background(pool, heartbeater, listener)
+            for task in list(self._tasks):
+                task.cancel()
+            if connection is not None:
+                await _discard(connection)
+            heartbeat_engine.dispose()
+        log.info("async worker %s stopped: %s", core.worker_id, core.stats)
+        return self._stats(core)
+
+    async def _perform(
+        self,
+        connection: AsyncConnection,
+        core: WorkerCore,
+        action: Claim | Flush | Reclaim,
+        now: float,
+        pool: HandlerPool,
+        make_context: Any,
+    ) -> None:
+        if isinstance(action, Flush):
+            outcomes, params = core.take_outcomes()
+            try:
+                result = await connection.execute(core.complete_statement, params)
+                applied = result.scalars().all()
+                await connection.commit()
+            except BaseException:
+                core.flush_failed(outcomes)
+                raise
+            core.completed(outcomes, applied)
+        elif isinstance(action, Claim):
+            result = await connection.execute(
+                core.claim_statement, core.claim_params(action.size)
+            )
+            rows = result.all()
+            await connection.commit()
+            for running in core.accept_claim(rows, action.size, now, make_context):
+                self._dispatch(core, running, pool)
+        else:
+            result = await connection.execute(
+                core.reclaim_statement, {"worker_id": core.worker_id}
+            )
+            rows = result.all()
+            await connection.commit()
+            core.reclaimed(rows)
+
+    def _dispatch(self, core: WorkerCore, running: _Running, pool: HandlerPool) -> None:
+        if core.tasks[running.job.task].is_async:
+            task = asyncio.ensure_future(run_async_handler(core, running))
+            self._tasks.add(task)
+
+            def done(t: asyncio.Task[Any]) -> None:
+                self._tasks.discard(t)
+                if not t.cancelled():
+                    core.record(running, t.result())
+
+            task.add_done_callback(done)
+        else:
+            pool.submit(lambda: core.record(running, run_sync_handler(core, running)))
+
+
+async def _wait(event: asyncio.Event, timeout: float) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        pass
+
+
+async def _discard(connection: AsyncConnection | None) -> None:
+    if connection is None:
+        return None
+    try:
+        await connection.invalidate()
+        await connection.close()
+    except Exception:  # already broken; nothing more to release
+        log.debug("closing a broken connection failed", exc_info=True)
+    return None

@@ -1,0 +1,105 @@
+"""The worker's background threads: heartbeater and listener, one of each per worker.
+
+Both run in their own threads on their own connections, for the sync and the async face
+alike: a handler that blocks the event loop, or a run loop busy with a slow claim, must not
+delay a heartbeat (the job would be reclaimed) or a wake-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import psycopg
+from psycopg import sql
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.engine import URL
+from sqlalchemy.pool import NullPool
+
+from sqla_queue.worker.core import WorkerCore
+
+__all__ = ["Heartbeater", "Listener", "libpq_url", "sync_engine_from_url"]
+
+log = logging.getLogger("sqla_queue.worker")
+
+
+def libpq_url(url: URL) -> str:
+    """A libpq connection URI (``postgresql://...``) for a SQLAlchemy URL of any driver."""
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def sync_engine_from_url(url: URL) -> Engine:
+    """A small synchronous psycopg engine on the same database as ``url``.
+
+    An async worker's engine cannot be used from another thread; its heartbeater opens
+    its own single connection instead.
+    """
+    return create_engine(url.set(drivername="postgresql+psycopg"), poolclass=NullPool)
+
+
+class Heartbeater(threading.Thread):
+    """Refreshes ``alive_at`` of held executions every ``interval`` seconds."""
+
+    def __init__(self, core: WorkerCore, engine: Engine, interval: float) -> None:
+        super().__init__(name="sqla-queue-heartbeat", daemon=True)
+        self.core = core
+        self.engine = engine
+        self.interval = interval
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        """Beat until halted; a failed beat is logged and the next one tried on time."""
+        while not self.halt.wait(self.interval):
+            self.beat()
+
+    def beat(self) -> None:
+        """Send one heartbeat for everything this worker holds."""
+        ids, attempts = self.core.held()
+        if not ids:
+            return
+        params = {"worker_id": self.core.worker_id, "ids": ids, "attempts": attempts}
+        try:
+            with self.engine.begin() as connection:
+                alive = connection.execute(self.core.heartbeat_statement, params).scalars().all()
+        except Exception as exc:
+            log.warning("heartbeat failed, retrying in %.1fs: %s", self.interval, exc)
+            return
+        self.core.mark_lost(ids, alive)
+
+
+class Listener(threading.Thread):
+    """LISTENs on the queue's channel and calls ``on_notify`` for each wake-up.
+
+    A notification is only a hint: after every (re)connect it calls ``on_notify`` once,
+    since anything sent while disconnected was missed, and polling covers the rest.
+    """
+
+    def __init__(self, dsn: str, channel: str, on_notify: Callable[[], None]) -> None:
+        super().__init__(name="sqla-queue-listener", daemon=True)
+        self.dsn = dsn
+        self.channel = channel
+        self.on_notify = on_notify
+        self.halt = threading.Event()
+        self.connected = threading.Event()
+
+    def run(self) -> None:
+        """Listen until halted, reconnecting with backoff."""
+        delay = 0.1
+        while not self.halt.is_set():
+            try:
+                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    self.connected.set()
+                    delay = 0.1
+                    self.on_notify()
+                    while not self.halt.is_set():
+                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                            self.on_notify()
+            except psycopg.Error as exc:
+                self.connected.clear()
+                if self.halt.is_set():
+                    return
+                log.warning("LISTEN connection lost, reconnecting in %.1fs: %s", delay, exc)
+                self.halt.wait(delay)
+                delay = min(delay * 2, 5.0)

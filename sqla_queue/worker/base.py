@@ -1,0 +1,111 @@
+"""What both worker faces share beyond the core: wiring of threads, contexts and races."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.engine import URL
+
+from sqla_queue._sqlstate import is_unique_violation_of
+from sqla_queue.core.outcomes import ClaimedJob
+from sqla_queue.worker.background import Heartbeater, Listener, libpq_url
+from sqla_queue.worker.context import JobContext
+from sqla_queue.worker.core import WorkerCore
+from sqla_queue.worker.handlers import HandlerPool
+from sqla_queue.worker.settings import WorkerSettings
+
+__all__ = ["RunStats", "WorkerBase", "bound_engine"]
+
+log = logging.getLogger("sqla_queue.worker")
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """Counts of one ``run()``: what this worker claimed and how the attempts ended."""
+
+    claimed: int
+    succeeded: int
+    failed: int
+    retried: int
+    fenced: int
+
+
+def bound_engine(session_factory: Any) -> Any:
+    """The engine a ``sessionmaker`` or ``async_sessionmaker`` is bound to."""
+    bind = getattr(session_factory, "kw", {}).get("bind")
+    if bind is None:
+        raise TypeError(
+            "the worker needs a session factory bound to an engine: "
+            "sessionmaker(bind=engine) or async_sessionmaker(bind=async_engine)"
+        )
+    return bind
+
+
+class WorkerBase:
+    """Setup and teardown common to :class:`Worker` and :class:`AsyncWorker`."""
+
+    def __init__(self, queue: Any, session_factory: Any, settings: WorkerSettings) -> None:
+        self.queue = queue
+        self.session_factory = session_factory
+        self.settings = settings
+        self.core: WorkerCore | None = None
+        self._race_indexes = {
+            str(ix.name) for ix in queue.tables.executions.indexes if ix.unique
+        }
+
+    def _new_core(self, burst: bool) -> WorkerCore:
+        core = WorkerCore(self.queue, self.settings, burst=burst)
+        self.core = core
+        return core
+
+    def _make_context(self, core: WorkerCore) -> Callable[[ClaimedJob], Any]:
+        tasks = core.tasks
+
+        def make(job: ClaimedJob) -> JobContext[Any] | None:
+            if not tasks[job.task].task_options.pass_context:
+                return None
+            return JobContext(
+                job_id=job.id,
+                task=job.task,
+                attempt=job.attempt,
+                max_attempts=job.max_attempts,
+                queue_id=job.queue_id,
+                worker_id=core.worker_id,
+                session_factory=self.session_factory,
+                stop_flag=core.stop_flag,
+            )
+
+        return make
+
+    def _is_lost_race(self, exc: BaseException) -> bool:
+        """A claim that lost a uniqueness race on one of the queue's own guard indexes."""
+        return is_unique_violation_of(exc, self._race_indexes)
+
+    def _start_background(
+        self, core: WorkerCore, engine: Engine, url: URL
+    ) -> tuple[HandlerPool, Heartbeater, Listener | None]:
+        pool = HandlerPool(self.settings.concurrency)
+        heartbeater = Heartbeater(core, engine, core.heartbeat_interval)
+        heartbeater.start()
+        listener = None
+        if core.listen:
+            listener = Listener(libpq_url(url), self.queue.tables.notify_channel, core.notified)
+            listener.start()
+        return pool, heartbeater, listener
+
+    @staticmethod
+    def _stop_background(
+        pool: HandlerPool, heartbeater: Heartbeater, listener: Listener | None
+    ) -> None:
+        heartbeater.halt.set()
+        if listener is not None:
+            listener.halt.set()
+        pool.close()
+
+    @staticmethod
+    def _stats(core: WorkerCore) -> RunStats:
+        return RunStats(**core.stats)

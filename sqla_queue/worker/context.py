@@ -1,0 +1,90 @@
+"""The context a handler can ask for with ``@queue.task(pass_context=True)``."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+__all__ = ["JobContext"]
+
+S = TypeVar("S")
+
+
+class JobContext(Generic[S]):
+    """What a running handler may know about its job and its worker.
+
+    ``session`` opens a session from the worker's own factory on first use (a ``Session``
+    in a sync worker, an ``AsyncSession`` in an async worker) and closes it after the
+    handler returns; commit what you want to keep. Jobs run at least once: a handler
+    whose worker dies mid-job runs again elsewhere, so make side effects idempotent.
+    """
+
+    def __init__(
+        self,
+        *,
+        job_id: int,
+        task: str,
+        attempt: int,
+        max_attempts: int,
+        queue_id: str | None,
+        worker_id: uuid.UUID,
+        session_factory: Callable[[], S],
+        stop_flag: threading.Event,
+    ) -> None:
+        self.job_id = job_id
+        self.task = task
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.queue_id = queue_id
+        self.worker_id = worker_id
+        self._session_factory = session_factory
+        self._session: S | None = None
+        self._stop_flag = stop_flag
+        self._shutdown_event: asyncio.Event | None = None
+        #: Set when a heartbeat found that this execution was reclaimed by another worker.
+        self.lost = False
+
+    @property
+    def session(self) -> S:
+        """A session from the worker's factory, opened on first use."""
+        if self._session is None:
+            self._session = self._session_factory()
+        return self._session
+
+    @property
+    def shutdown_requested(self) -> bool:
+        """True once the worker was asked to stop: finish up or return early."""
+        return self._stop_flag.is_set()
+
+    @property
+    def shutdown_event(self) -> asyncio.Event:
+        """An event set at shutdown, for ``async def`` handlers to await alongside work.
+
+        Only valid inside the event loop that runs the handler.
+        """
+        if self._shutdown_event is None:
+            self._shutdown_event = asyncio.Event()
+            if self._stop_flag.is_set():
+                self._shutdown_event.set()
+        return self._shutdown_event
+
+    def _notify_shutdown(self) -> None:
+        event = self._shutdown_event
+        if event is not None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+            # The event belongs to the handler's loop; set it from that loop's thread.
+            owner: Any = getattr(event, "_loop", None)
+            if owner is not None and owner is not loop:
+                owner.call_soon_threadsafe(event.set)
+            else:
+                event.set()
+
+    def _take_session(self) -> S | None:
+        session, self._session = self._session, None
+        return session

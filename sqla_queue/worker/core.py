@@ -1,0 +1,439 @@
+"""The worker's I/O-free core, shared by the sync and async faces.
+
+The faces ask :meth:`WorkerCore.next_action` what to do, do that one piece of I/O, and
+report back. Every decision (when to claim, how much, when to flush acks, when to sweep
+for lost jobs, how to shut down) lives here, where a unit test can drive it with a fake
+clock and no database.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqla_queue.core.outcomes import (
+    ClaimedJob,
+    Outcome,
+    OutcomeKind,
+    outcome_for_error,
+    outcome_for_return,
+    outcome_lost_too_often,
+)
+from sqla_queue.core.payload import decode_arguments, dump_json
+from sqla_queue.errors import UnknownTaskError
+from sqla_queue.worker.settings import WorkerSettings
+
+__all__ = [
+    "Claim",
+    "Flush",
+    "Reclaim",
+    "Stop",
+    "Wait",
+    "WorkerCore",
+]
+
+log = logging.getLogger("sqla_queue.worker")
+
+#: Longest pause after a database error before trying again, in seconds.
+MAX_ERROR_BACKOFF = 10.0
+
+
+@dataclass(frozen=True)
+class Flush:
+    """Write the buffered outcomes (one completion statement)."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Claim up to ``size`` executions (one claim statement)."""
+
+    size: int
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    """Return lost executions of dead workers to pending."""
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Sleep until woken or ``timeout`` seconds pass."""
+
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Leave the run loop."""
+
+
+Action = Flush | Claim | Reclaim | Wait | Stop
+
+
+@dataclass
+class _Running:
+    job: ClaimedJob
+    context: Any
+    released: bool = False
+
+
+def utcnow() -> dt.datetime:
+    """The current time, timezone-aware."""
+    return dt.datetime.now(dt.UTC)
+
+
+class WorkerCore:
+    """State and decisions of one worker process. Thread-safe where handlers report back."""
+
+    def __init__(
+        self,
+        queue: Any,
+        settings: WorkerSettings,
+        *,
+        burst: bool = False,
+        worker_id: uuid.UUID | None = None,
+    ) -> None:
+        from sqla_queue import statements
+
+        self.queue = queue
+        self.settings = settings
+        self.burst = burst
+        self.worker_id = worker_id or uuid.uuid4()
+        names = list(settings.tasks) if settings.tasks is not None else list(queue.tasks)
+        if not names:
+            raise UnknownTaskError("this worker has no tasks: register one with @queue.task")
+        self.tasks = {name: queue.get_task(name) for name in names}
+        leases = {
+            name: t.task_options.lost_interval
+            for name, t in self.tasks.items()
+            if t.task_options.lost_interval is not None
+        }
+        self.lease_default = float(queue.lost_interval)
+        shortest = min([self.lease_default, *leases.values()])
+        self.heartbeat_interval = settings.heartbeat_interval or shortest / 4
+        self.reclaim_interval = settings.reclaim_interval or self.lease_default / 2
+        self.claim_statement = statements.claim_statement(queue.tables)
+        self.complete_statement = statements.complete_statement(queue.tables)
+        self.heartbeat_statement = statements.heartbeat_statement(queue.tables)
+        self.reclaim_statement = statements.reclaim_statement(queue.tables)
+        self._claim_params: dict[str, Any] = {
+            "tasks": sorted(self.tasks),
+            "worker_id": self.worker_id,
+            "lease": self.lease_default,
+            "lease_map": json.dumps(leases),
+        }
+        self.listen = queue.notify if settings.listen is None else settings.listen
+        self.stop_flag = threading.Event()
+        self._lock = threading.Lock()
+        self._running: dict[int, _Running] = {}
+        self._outcomes: list[Outcome] = []
+        self._wake: Callable[[], None] = lambda: None
+        self._next_poll = 0.0
+        self._next_reclaim = 0.0
+        self._stop_deadline: float | None = None
+        self._last_claim_empty = False
+        self._errors_in_row = 0
+        self.stats = {"claimed": 0, "succeeded": 0, "failed": 0, "retried": 0, "fenced": 0}
+
+    # -- wiring ------------------------------------------------------------------------------
+
+    def set_waker(self, wake: Callable[[], None]) -> None:
+        """Install the face's thread-safe way of waking its run loop."""
+        self._wake = wake
+
+    def request_stop(self, now: float) -> None:
+        """Begin a graceful shutdown: stop claiming, tell handlers, start the timeout."""
+        contexts: list[Any] = []
+        with self._lock:
+            if self._stop_deadline is None:
+                self._stop_deadline = now + self.settings.shutdown_timeout
+                self.stop_flag.set()
+                contexts = [r.context for r in self._running.values()]
+        for ctx in contexts:
+            ctx._notify_shutdown()
+        self._wake()
+
+    @property
+    def stopping(self) -> bool:
+        """True once a shutdown was requested."""
+        return self._stop_deadline is not None
+
+    def notified(self) -> None:
+        """An enqueue notification arrived: poll at once."""
+        self._next_poll = 0.0
+        self._wake()
+
+    # -- the decision ------------------------------------------------------------------------
+
+    def next_action(self, now: float) -> Action:
+        """What the run loop should do next."""
+        with self._lock:
+            if self._outcomes:
+                return Flush()
+            running = sum(1 for r in self._running.values() if not r.released)
+            if self._stop_deadline is not None:
+                if running and now < self._stop_deadline:
+                    return Wait(self._stop_deadline - now)
+                if running:
+                    self._release_running()
+                    return Flush()
+                return Stop()
+        if now >= self._next_reclaim:
+            self._next_reclaim = now + self.reclaim_interval
+            return Reclaim()
+        free = self.settings.concurrency - running
+        if free > 0 and now >= self._next_poll:
+            return Claim(min(free, self.settings.claim_batch))
+        if self.burst and running == 0 and self._last_claim_empty:
+            return Stop()
+        deadline = self._next_reclaim
+        if free > 0:
+            deadline = min(deadline, self._next_poll)
+        return Wait(max(0.0, min(deadline - now, self.settings.poll_interval)))
+
+    # -- claims ------------------------------------------------------------------------------
+
+    def claim_params(self, size: int) -> dict[str, Any]:
+        """Parameters of the claim statement for a batch of ``size``."""
+        return {**self._claim_params, "batch": size}
+
+    def accept_claim(
+        self, rows: Sequence[Any], size: int, now: float, make_context: Callable[[ClaimedJob], Any]
+    ) -> list[_Running]:
+        """Register the claimed rows and return the ones to run.
+
+        Rows that must not run (lost too often, malformed) become failure outcomes at once.
+        """
+        self._errors_in_row = 0
+        jobs: list[_Running] = []
+        next_due: dt.datetime | None = None
+        claimed = 0
+        for row in rows:
+            next_due = row.next_due
+            if row.id is None:
+                continue
+            claimed += 1
+            job = ClaimedJob(
+                id=row.id,
+                task=row.task,
+                attempt=row.attempt,
+                max_attempts=row.max_attempts,
+                reclaims=row.reclaims,
+                queue_id=row.queue_id,
+                payload=row.payload,
+            )
+            refusal = self._refuse(job)
+            if refusal is not None:
+                with self._lock:
+                    self._outcomes.append(refusal)
+                continue
+            running = _Running(job, make_context(job))
+            with self._lock:
+                self._running[job.id] = running
+            jobs.append(running)
+        self.stats["claimed"] += claimed
+        self._last_claim_empty = claimed == 0
+        if claimed >= size or (self.burst and claimed > 0):
+            # A full batch means more is likely waiting; a burst run must see one empty
+            # claim before it may stop.
+            self._next_poll = now
+        else:
+            wait = self.settings.poll_interval
+            if next_due is not None:
+                wait = min(wait, max(0.0, (next_due - utcnow()).total_seconds()))
+            self._next_poll = now + wait
+        return jobs
+
+    def claim_lost_race(self, now: float) -> None:
+        """Another worker won a uniqueness race during the claim: an empty batch, retry."""
+        self._next_poll = now
+
+    def _refuse(self, job: ClaimedJob) -> Outcome | None:
+        task = self.tasks.get(job.task)
+        if task is None:  # the claim filters by task; this guards a hand-edited row
+            return self._failure(job, UnknownTaskError(f"no handler for task {job.task!r}"))
+        max_reclaims = task.task_options.max_reclaims
+        if max_reclaims is None:
+            max_reclaims = self.queue.max_reclaims
+        lost = outcome_lost_too_often(
+            job, max_reclaims=max_reclaims, worker_id=self.worker_id, now=utcnow()
+        )
+        if lost is not None:
+            log.error("job %s (%s) failed: %s", job.id, job.task, lost.error)
+            return lost
+        try:
+            decode_arguments(job.payload)
+        except ValueError as exc:
+            return self._failure(job, exc)
+        return None
+
+    def _failure(self, job: ClaimedJob, exc: BaseException) -> Outcome:
+        final = ClaimedJob(
+            job.id, job.task, job.attempt, job.attempt, job.reclaims, job.queue_id, job.payload
+        )
+        return outcome_for_error(
+            final, exc, policy=self.queue.retry, worker_id=self.worker_id, now=utcnow()
+        )
+
+    # -- running handlers ---------------------------------------------------------------------
+
+    def call_arguments(self, running: _Running) -> tuple[Any, list[Any], dict[str, Any]]:
+        """The handler and the arguments to call it with."""
+        task = self.tasks[running.job.task]
+        args, kwargs = decode_arguments(running.job.payload)
+        if task.task_options.pass_context:
+            args = [running.context, *args]
+        return task.fn, args, kwargs
+
+    def outcome_of_return(self, running: _Running, value: Any) -> Outcome:
+        """The outcome of a handler that returned ``value`` (non-JSON results are kept as repr)."""
+        outcome = outcome_for_return(running.job, value)
+        if outcome.kind is OutcomeKind.SUCCEEDED and value is not None:
+            try:
+                dump_json(value, task=running.job.task, what="result")
+            except TypeError:
+                log.warning(
+                    "job %s (%s) returned a value that is not JSON; storing its repr",
+                    running.job.id,
+                    running.job.task,
+                )
+                outcome = outcome_for_return(running.job, {"repr": repr(value)[:10_000]})
+        return outcome
+
+    def outcome_of_error(self, running: _Running, exc: BaseException) -> Outcome:
+        """The outcome of a handler that raised ``exc``."""
+        policy = self.tasks[running.job.task].task_options.retry
+        outcome = outcome_for_error(
+            running.job, exc, policy=policy, worker_id=self.worker_id, now=utcnow()
+        )
+        level = logging.ERROR if outcome.kind is OutcomeKind.FAILED else logging.WARNING
+        log.log(
+            level,
+            "job %s (%s) attempt %s/%s raised %s: %s -> %s",
+            running.job.id,
+            running.job.task,
+            running.job.attempt,
+            running.job.max_attempts,
+            type(exc).__name__,
+            exc,
+            outcome.kind.value,
+        )
+        return outcome
+
+    def record(self, running: _Running, outcome: Outcome) -> None:
+        """A handler finished: buffer its outcome and wake the loop. Any thread may call."""
+        with self._lock:
+            current = self._running.get(running.job.id)
+            if current is not running or running.released:
+                # Released at shutdown (or replaced): the database already has it back.
+                return
+            del self._running[running.job.id]
+            self._outcomes.append(outcome)
+        if running.job.queue_id is not None:
+            # The next job of this key may be claimable now.
+            self._next_poll = 0.0
+        self._wake()
+
+    def _release_running(self) -> None:
+        for running in self._running.values():
+            if not running.released:
+                running.released = True
+                self._outcomes.append(
+                    Outcome(running.job.id, running.job.attempt, OutcomeKind.RELEASE)
+                )
+                log.warning(
+                    "job %s (%s) did not finish within shutdown_timeout; returned to the queue",
+                    running.job.id,
+                    running.job.task,
+                )
+        self._running = {k: v for k, v in self._running.items() if not v.released}
+
+    # -- acks --------------------------------------------------------------------------------
+
+    def take_outcomes(self) -> tuple[list[Outcome], dict[str, Any]]:
+        """Remove the buffered outcomes and return them with the completion parameters."""
+        with self._lock:
+            outcomes, self._outcomes = self._outcomes, []
+        rows = [o.as_row() for o in outcomes]
+        return outcomes, {"outcomes": json.dumps(rows), "worker_id": self.worker_id}
+
+    def completed(self, outcomes: Iterable[Outcome], applied: Iterable[int]) -> None:
+        """The completion statement ran; log the outcomes a reclaim had fenced off."""
+        self._errors_in_row = 0
+        done = set(applied)
+        for outcome in outcomes:
+            if outcome.job_id not in done:
+                self.stats["fenced"] += 1
+                log.warning(
+                    "job %s attempt %s: result discarded, the job was reclaimed by another "
+                    "worker meanwhile (its newer attempt wins)",
+                    outcome.job_id,
+                    outcome.attempt,
+                )
+            elif outcome.kind is OutcomeKind.SUCCEEDED:
+                self.stats["succeeded"] += 1
+            elif outcome.kind is OutcomeKind.FAILED:
+                self.stats["failed"] += 1
+            elif outcome.kind is OutcomeKind.RETRY:
+                self.stats["retried"] += 1
+
+    def flush_failed(self, outcomes: list[Outcome]) -> None:
+        """The completion did not reach the database: keep the outcomes for the next try."""
+        with self._lock:
+            self._outcomes[:0] = outcomes
+
+    def database_error(self, action: Action, exc: BaseException, now: float) -> float:
+        """Log a failed statement and return how long to back off before the next one."""
+        self._errors_in_row += 1
+        delay = min(MAX_ERROR_BACKOFF, 0.1 * 2 ** min(self._errors_in_row - 1, 10))
+        log.warning(
+            "database error during %s (retrying in %.1fs): %s",
+            type(action).__name__.lower(),
+            delay,
+            exc,
+        )
+        self._next_poll = now + delay
+        return delay
+
+    # -- liveness ----------------------------------------------------------------------------
+
+    def held(self) -> tuple[list[int], list[int]]:
+        """(ids, attempts) of the executions this process runs or has yet to ack."""
+        with self._lock:
+            pairs = [(r.job.id, r.job.attempt) for r in self._running.values()]
+            pairs += [(o.job_id, o.attempt) for o in self._outcomes]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    def mark_lost(self, sent: Iterable[int], still_held: Iterable[int]) -> None:
+        """A heartbeat found some executions no longer ours: they were reclaimed."""
+        lost = set(sent) - set(still_held)
+        if not lost:
+            return
+        with self._lock:
+            for job_id in lost:
+                running = self._running.get(job_id)
+                if running is not None and running.context is not None:
+                    running.context.lost = True
+        log.warning("executions %s were reclaimed by another worker while held here", sorted(lost))
+
+    def reclaimed(self, rows: Sequence[Any]) -> None:
+        """Log what a reclaim sweep returned to the queue."""
+        if rows:
+            log.warning(
+                "reclaimed %d lost execution(s) of dead workers: %s",
+                len(rows),
+                [(r.id, r.task) for r in rows],
+            )
+            self._next_poll = 0.0
+
+    @property
+    def running_count(self) -> int:
+        """Handlers running now."""
+        with self._lock:
+            return sum(1 for r in self._running.values() if not r.released)

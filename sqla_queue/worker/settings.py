@@ -1,0 +1,56 @@
+"""Worker settings: one frozen value shared by the sync and async faces."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["WorkerSettings"]
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How a worker runs.
+
+    Attributes:
+        concurrency: handlers running at once in this process.
+        batch_size: most executions one claim takes (default: ``concurrency``).
+        tasks: names of the tasks this worker claims (default: every registered task).
+            Workers of different services sharing a database leave each other's tasks alone.
+        poll_interval: longest sleep between polls when nothing wakes the worker, seconds.
+        shutdown_timeout: how long, after SIGTERM/SIGINT, running handlers may finish before
+            their jobs are handed back to the queue.
+        listen: LISTEN for enqueue notifications (default: the queue's ``notify``).
+        heartbeat_interval: seconds between heartbeats (default: a quarter of the shortest
+            lost interval of this worker's tasks).
+        reclaim_interval: seconds between sweeps for lost jobs (default: half the queue's
+            lost interval).
+        verify_schema: check the database schema before the first claim.
+        install_signal_handlers: handle SIGINT/SIGTERM in ``run()`` (main thread only).
+    """
+
+    concurrency: int = 10
+    batch_size: int | None = None
+    tasks: Sequence[str] | None = None
+    poll_interval: float = 1.0
+    shutdown_timeout: float = 30.0
+    listen: bool | None = None
+    heartbeat_interval: float | None = None
+    reclaim_interval: float | None = None
+    verify_schema: bool = True
+    install_signal_handlers: bool = True
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if self.poll_interval <= 0:
+            raise ValueError("poll_interval must be positive")
+        if self.shutdown_timeout < 0:
+            raise ValueError("shutdown_timeout cannot be negative")
+
+    @property
+    def claim_batch(self) -> int:
+        """The largest batch a single claim asks for."""
+        return min(self.batch_size or self.concurrency, self.concurrency)

@@ -1,0 +1,147 @@
+"""The synchronous worker: a run loop on one connection, handlers in threads."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session, sessionmaker
+
+from sqla_queue.worker.base import RunStats, WorkerBase, bound_engine
+from sqla_queue.worker.core import Claim, Flush, Reclaim, Stop, Wait, WorkerCore, _Running
+from sqla_queue.worker.handlers import HandlerPool, PrivateLoop, run_async_handler, run_sync_handler
+from sqla_queue.worker.settings import WorkerSettings
+from sqla_queue.worker.signals import graceful_signals
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("sqla_queue.worker")
+
+
+class Worker(WorkerBase):
+    """Runs jobs with ``def`` handlers in threads and ``async def`` ones on a private loop.
+
+    Build it with :meth:`Queue.worker`; call :meth:`run`. Claims, acks and reclaims go
+    through one connection of the session factory's engine; heartbeats and LISTEN each
+    have their own.
+    """
+
+    def __init__(
+        self, queue: Any, session_factory: sessionmaker[Session], settings: WorkerSettings
+    ) -> None:
+        super().__init__(queue, session_factory, settings)
+        self.engine: Engine = bound_engine(session_factory)
+        import threading
+
+        self._wake = threading.Event()
+
+    def stop(self) -> None:
+        """Ask a running :meth:`run` to shut down gracefully. Safe from any thread."""
+        if self.core is not None:
+            self.core.request_stop(time.monotonic())
+
+    def run(self, *, burst: bool = False) -> RunStats:
+        """Process jobs until SIGINT/SIGTERM (or :meth:`stop`); with ``burst``, until idle.
+
+        Refuses to start (:class:`~sqla_queue.SchemaMismatchError`) when the database
+        lacks anything this version needs.
+        """
+        core = self._new_core(burst)
+        wake = self._wake
+        core.set_waker(wake.set)
+        if self.settings.verify_schema:
+            with self.engine.connect() as connection:
+                self.queue.verify(connection)
+        pool, heartbeater, listener = self._start_background(core, self.engine, self.engine.url)
+        private_loop = PrivateLoop() if any(t.is_async for t in core.tasks.values()) else None
+        make_context = self._make_context(core)
+        connection: Connection | None = None
+        log.info("worker %s started: tasks %s", core.worker_id, sorted(core.tasks))
+        try:
+            with graceful_signals(
+                lambda: core.request_stop(time.monotonic()),
+                enabled=self.settings.install_signal_handlers,
+            ):
+                while True:
+                    wake.clear()
+                    now = time.monotonic()
+                    action = core.next_action(now)
+                    if isinstance(action, Stop):
+                        break
+                    if isinstance(action, Wait):
+                        wake.wait(action.timeout)
+                        continue
+                    try:
+                        if connection is None:
+                            connection = self.engine.connect()
+                        self._perform(connection, core, action, now, pool, private_loop, make_context)
+                    except DBAPIError as exc:
+                        connection = _discard(connection)
+                        if isinstance(action, Claim) and self._is_lost_race(exc):
+                            core.claim_lost_race(now)
+                            continue
+                        wake.wait(core.database_error(action, exc, now))
+        finally:
+            self._stop_background(pool, heartbeater, listener)
+            if private_loop is not None:
+                private_loop.close()
+            if connection is not None:
+                _discard(connection)
+        log.info("worker %s stopped: %s", core.worker_id, core.stats)
+        return self._stats(core)
+
+    def _perform(
+        self,
+        connection: Connection,
+        core: WorkerCore,
+        action: Claim | Flush | Reclaim,
+        now: float,
+        pool: HandlerPool,
+        private_loop: PrivateLoop | None,
+        make_context: Any,
+    ) -> None:
+        if isinstance(action, Flush):
+            outcomes, params = core.take_outcomes()
+            try:
+                applied = connection.execute(core.complete_statement, params).scalars().all()
+                connection.commit()
+            except BaseException:
+                core.flush_failed(outcomes)
+                raise
+            core.completed(outcomes, applied)
+        elif isinstance(action, Claim):
+            rows = connection.execute(core.claim_statement, core.claim_params(action.size)).all()
+            connection.commit()
+            for running in core.accept_claim(rows, action.size, now, make_context):
+                self._dispatch(core, running, pool, private_loop)
+        else:
+            params = {"worker_id": core.worker_id}
+            rows = connection.execute(core.reclaim_statement, params).all()
+            connection.commit()
+            core.reclaimed(rows)
+
+    @staticmethod
+    def _dispatch(
+        core: WorkerCore, running: _Running, pool: HandlerPool, private_loop: PrivateLoop | None
+    ) -> None:
+        if core.tasks[running.job.task].is_async:
+            assert private_loop is not None
+            private_loop.submit(
+                run_async_handler(core, running), lambda outcome: core.record(running, outcome)
+            )
+        else:
+            pool.submit(lambda: core.record(running, run_sync_handler(core, running)))
+
+
+def _discard(connection: Connection | None) -> None:
+    if connection is None:
+        return None
+    try:
+        connection.invalidate()
+        connection.close()
+    except Exception:  # the connection is already broken; nothing more to release
+        log.debug("closing a broken connection failed", exc_info=True)
+    return None

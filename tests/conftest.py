@@ -1,0 +1,91 @@
+"""Shared fixtures: a real PostgreSQL, one fresh database per test cloned from a template.
+
+The server comes from ``$SQLA_QUEUE_TEST_URL``, else the local server on 127.0.0.1:5432,
+else an embedded one (pgserver). The template holds the test app's tables and the queue's
+schema; cloning it is much faster than running DDL per test.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from sqla_queue.testing.databases import DatabaseFactory, resolve_test_admin_url
+from tests.support.app import Base, queue
+
+
+def _setup_template(engine: Engine) -> None:
+    with engine.begin() as connection:
+        queue.create_all(connection)
+        Base.metadata.create_all(
+            connection, tables=[t for t in Base.metadata.sorted_tables if t.schema is None]
+        )
+
+
+@pytest.fixture(scope="session")
+def admin_url() -> str:
+    """URL of a maintenance database on the test server."""
+    return resolve_test_admin_url()
+
+
+@pytest.fixture(scope="session")
+def db_factory(admin_url: str) -> DatabaseFactory:
+    """Creates and drops the per-test databases."""
+    return DatabaseFactory(admin_url)
+
+
+@pytest.fixture(scope="session")
+def template_db(db_factory: DatabaseFactory) -> Iterator[str]:
+    """A template database with the test app's schema, built once per session."""
+    name = db_factory.create_template(f"sqlaq_tpl_{os.getpid()}", _setup_template)
+    yield name
+    db_factory.drop_template(name)
+
+
+@pytest.fixture
+def db_url(db_factory: DatabaseFactory, template_db: str) -> Iterator[str]:
+    """A fresh database for this test only, dropped afterwards."""
+    url = db_factory.clone(template_db)
+    yield url
+    db_factory.drop(url)
+
+
+@pytest.fixture
+def empty_db_url(db_factory: DatabaseFactory) -> Iterator[str]:
+    """A fresh database with no tables at all."""
+    url = db_factory.clone("template0")
+    yield url
+    db_factory.drop(url)
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    """An engine on this test's database."""
+    eng = create_engine(db_url, pool_size=5, max_overflow=20)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def SessionLocal(engine: Engine) -> sessionmaker[Session]:  # noqa: N802 - named as apps do
+    """The host app's session factory."""
+    return sessionmaker(engine)
+
+
+@pytest.fixture
+async def async_engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    """An async engine on this test's database."""
+    eng = create_async_engine(db_url, pool_size=5)
+    yield eng
+    await eng.dispose()
+
+
+@pytest.fixture
+def AsyncSessionLocal(async_engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:  # noqa: N802
+    """The host app's async session factory."""
+    return async_sessionmaker(async_engine, expire_on_commit=False)

@@ -1,0 +1,157 @@
+"""A small host application for the test suite: its own models, and a queue beside them.
+
+Worker subprocesses import it as ``tests.support.app:queue``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import time
+from typing import Any
+
+from sqlalchemy import BigInteger, DateTime, Integer, String, Text, func, insert, update
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from sqla_queue import JobContext, Queue, RetryPolicy
+
+QUEUE_SCHEMA = "app_jobs"
+
+
+class Base(DeclarativeBase):
+    """The host's declarative base."""
+
+
+class Order(Base):
+    """A business table that enqueues happen next to."""
+
+    __tablename__ = "orders"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    email: Mapped[str] = mapped_column(String(200))
+
+
+class Result(Base):
+    """One row per job that ran to completion: the unique key catches a second execution."""
+
+    __tablename__ = "results"
+
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    value: Mapped[str | None] = mapped_column(Text)
+
+
+class ExecutionLog(Base):
+    """One row per execution (not unique): start and end as the database saw them."""
+
+    __tablename__ = "execution_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(BigInteger, index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    pid: Mapped[int] = mapped_column(Integer)
+    key: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.clock_timestamp()
+    )
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+queue = Queue(Base, schema=QUEUE_SCHEMA, lost_interval=30.0)
+
+
+def _log_start(session: Session, ctx: JobContext[Any], key: str | None = None) -> int:
+    row_id = session.execute(
+        insert(ExecutionLog)
+        .values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid(), key=key)
+        .returning(ExecutionLog.id)
+    ).scalar_one()
+    session.commit()
+    return row_id
+
+
+def _log_end(session: Session, row_id: int) -> None:
+    session.execute(
+        update(ExecutionLog).where(ExecutionLog.id == row_id).values(finished_at=func.clock_timestamp())
+    )
+    session.commit()
+
+
+@queue.task(name="record", pass_context=True)
+def record(ctx: JobContext[Session], value: str | None = None, pause: float = 0.0) -> str | None:
+    """Log the execution and insert the job's unique result row."""
+    session = ctx.session
+    row_id = _log_start(session, ctx)
+    if pause:
+        time.sleep(pause)
+    session.add(Result(job_id=ctx.job_id, value=value))
+    session.commit()
+    _log_end(session, row_id)
+    return value
+
+
+@queue.task(name="record_async", pass_context=True)
+async def record_async(ctx: JobContext[AsyncSession], value: str | None = None) -> str | None:
+    """The async twin of :func:`record`, for async workers."""
+    session = ctx.session
+    await session.execute(
+        insert(ExecutionLog).values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
+    )
+    session.add(Result(job_id=ctx.job_id, value=value))
+    await session.commit()
+    await asyncio.sleep(0)
+    return value
+
+
+@queue.task(name="noop")
+def noop() -> None:
+    """Do nothing."""
+
+
+@queue.task(name="boom")
+def boom(message: str = "kaboom") -> None:
+    """Always fail."""
+    raise ValueError(message)
+
+
+@queue.task(
+    name="flaky",
+    pass_context=True,
+    max_attempts=4,
+    retry=RetryPolicy(min_delay=0.2, max_delay=0.8, factor=2.0, jitter=0.25),
+)
+def flaky(ctx: JobContext[Session], failures: int) -> int:
+    """Fail the first ``failures`` attempts, then succeed."""
+    _log_end(ctx.session, _log_start(ctx.session, ctx))
+    if ctx.attempt <= failures:
+        raise RuntimeError(f"attempt {ctx.attempt} fails on purpose")
+    return ctx.attempt
+
+
+@queue.task(name="keyed", pass_context=True)
+def keyed(ctx: JobContext[Session], key: str, seq: int, pause: float = 0.0) -> None:
+    """Log start and end under ``key``, to check per-key serialization and order."""
+    row_id = _log_start(ctx.session, ctx, key=f"{key}:{seq}")
+    if pause:
+        time.sleep(pause)
+    _log_end(ctx.session, row_id)
+
+
+@queue.task(name="sleepy", pass_context=True)
+def sleepy(ctx: JobContext[Session], seconds: float, cooperative: bool = True) -> str:
+    """Sleep; a cooperative one returns early when shutdown is requested."""
+    row_id = _log_start(ctx.session, ctx)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if cooperative and ctx.shutdown_requested:
+            break
+        time.sleep(0.05)
+    _log_end(ctx.session, row_id)
+    return "done"
+
+
+@queue.task(name="crash", max_reclaims=2, lost_interval=1.0)
+def crash() -> None:
+    """Kill the worker process outright, every time."""
+    os._exit(3)
