@@ -206,7 +206,7 @@ class Queue:
             raise UnknownTaskError(self._unknown_message(name)) from None
 
     def _unknown_message(self, name: str) -> str:
-        known = sorted(set(self._tasks) | self._declared)
+        known = sorted(set(self._tasks) | set(self._declared))
         return (
             f"unknown task {name!r}: it is neither registered with @queue.task nor declared "
             f"with queue.declare_task(); known tasks: {known or 'none'}"

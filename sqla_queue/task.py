@@ -72,9 +72,10 @@ class EnqueueOptions:
     def merged(self, other: EnqueueOptions) -> EnqueueOptions:
         """These options with every field that ``other`` sets taken from ``other``."""
         changes = {k: v for k, v in vars(other).items() if v is not None}
-        if "run_at" in changes:
+        # run_at and delay are two spellings of one setting: the newer one replaces both.
+        if other.run_at is not None:
             changes["delay"] = None
-        if "delay" in changes:
+        elif other.delay is not None:
             changes["run_at"] = None
         return replace(self, **changes)
 

@@ -187,13 +187,12 @@ def outcome_lost_too_often(
     A job that crashes its worker every time would otherwise loop forever between the
     reclaimer and the next claim. Returns ``None`` when the job may run.
     """
-    if job.reclaims <= max_reclaims and job.attempt <= job.max_attempts:
+    # Only losses decide here. A loss also counts as an attempt, which max_attempts
+    # weighs when the next run fails; a first loss must still run the job again, even
+    # with max_attempts=1, or a SIGKILLed worker would lose its jobs.
+    if job.reclaims <= max_reclaims:
         return None
-    reason = (
-        f"lost {job.reclaims} times (max_reclaims={max_reclaims})"
-        if job.reclaims > max_reclaims
-        else f"attempt {job.attempt} exceeds max_attempts={job.max_attempts} after losses"
-    )
+    reason = f"lost {job.reclaims} times (max_reclaims={max_reclaims})"
     error = {
         "attempt": job.attempt,
         "type": "sqla_queue.JobLost",

@@ -2,26 +2,83 @@
 
 It is derived from the table definitions, so a new index or column is in the manifest the
 moment it is in the model, and verification can never lag behind the claim that uses it.
+
+Besides names, the manifest records what matters about an object's shape and is cheap to
+compare in the same catalog query: a column's type and nullability, an index's uniqueness,
+columns and partial predicate, a constraint's kind. An index with the right name and the
+wrong predicate would otherwise pass, and a claim relying on it could quietly misbehave.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
-from sqlalchemy import CheckConstraint, ForeignKeyConstraint, Table
+from sqlalchemy import CheckConstraint, ForeignKeyConstraint, Index, PrimaryKeyConstraint, Table
+from sqlalchemy.dialects.postgresql.base import PGDialect
+from sqlalchemy.schema import CreateIndex
 
 from sqla_queue.models.tables import QueueTables
 
-__all__ = ["RequiredObject", "required_objects"]
+__all__ = [
+    "RequiredObject",
+    "constraint_kind",
+    "index_shape",
+    "normalize_type",
+    "required_objects",
+]
+
+_DIALECT = PGDialect()  # type: ignore[no-untyped-call]
+_CAST = re.compile(r"::[a-z_][a-z0-9_ ]*?(\[\])?(?=[\s),]|$)")
+_SPACES = re.compile(r"\s+")
+# SQLAlchemy's spelling on the left, PostgreSQL's format_type() spelling on the right.
+_TYPE_ALIASES = {
+    "varchar": "character varying",
+    "timestamp": "timestamp without time zone",
+    "time": "time without time zone",
+    "float": "double precision",
+    "bool": "boolean",
+    "int": "integer",
+}
+_CONSTRAINT_KINDS = {"p": "primary key", "f": "foreign key", "c": "check", "u": "unique"}
+
+
+def normalize_type(spelling: str) -> str:
+    """A column type as PostgreSQL's ``format_type`` would print it (lower case)."""
+    text = _SPACES.sub(" ", spelling.strip().lower())
+    base, paren, rest = text.partition("(")
+    base = _TYPE_ALIASES.get(base.strip(), base.strip())
+    return f"{base}({rest}" if paren else base
+
+
+def index_shape(definition: str) -> str:
+    """The comparable part of a ``CREATE [UNIQUE] INDEX`` statement.
+
+    Both SQLAlchemy's DDL and ``pg_get_indexdef`` reduce to the same string: uniqueness, key
+    columns with their order, and the partial predicate, without the index and table names,
+    the access method, casts such as ``::text`` or parentheses.
+    """
+    unique = definition.lstrip().upper().startswith("CREATE UNIQUE INDEX")
+    _, _, tail = definition.partition(" ON ")
+    opening = tail.find("(")
+    body = tail[opening:] if opening >= 0 else tail
+    body = _CAST.sub("", body).replace("(", " ").replace(")", " ")
+    body = _SPACES.sub(" ", body).strip().lower()
+    return f"{'unique ' if unique else ''}{body}"
 
 
 @dataclass(frozen=True, order=True)
 class RequiredObject:
-    """One object the library needs: its kind, the table it belongs to and its name."""
+    """One object the library needs: its kind, the table it belongs to and its name.
+
+    ``shape`` is what the object must look like (see the module docstring); an empty shape
+    means only existence is checked.
+    """
 
     kind: str  # "table" | "column" | "index" | "constraint"
     table: str
     name: str
+    shape: str = field(default="", compare=False)
 
     def describe(self, schema: str | None) -> str:
         """A human name such as ``index app.sqla_queue_job_executions_claim_ix``."""
@@ -33,14 +90,38 @@ class RequiredObject:
         return f"{self.kind} {where}{self.name} (on {self.table})"
 
 
+def _column_shape(table: Table, name: str) -> str:
+    column = table.c[name]
+    spelled = normalize_type(column.type.compile(dialect=_DIALECT))
+    return f"{spelled} {'null' if column.nullable else 'not null'}"
+
+
+def _index(table: Table, index: Index) -> RequiredObject:
+    ddl = str(CreateIndex(index).compile(dialect=_DIALECT))
+    return RequiredObject("index", table.name, str(index.name), index_shape(ddl))
+
+
 def _objects_of(table: Table) -> list[RequiredObject]:
     found = [RequiredObject("table", table.name, table.name)]
-    found += [RequiredObject("column", table.name, c.name) for c in table.columns]
-    found += [RequiredObject("index", table.name, str(ix.name)) for ix in table.indexes]
+    found += [
+        RequiredObject("column", table.name, c.name, _column_shape(table, c.name))
+        for c in table.columns
+    ]
+    found += [_index(table, ix) for ix in table.indexes]
     for constraint in table.constraints:
-        if isinstance(constraint, CheckConstraint | ForeignKeyConstraint) and constraint.name:
-            found.append(RequiredObject("constraint", table.name, str(constraint.name)))
+        if isinstance(constraint, PrimaryKeyConstraint):
+            # Unnamed, PostgreSQL calls it <table>_pkey; a host naming convention names it.
+            name = str(constraint.name) if constraint.name else f"{table.name}_pkey"
+            found.append(RequiredObject("constraint", table.name, name, "primary key"))
+        elif isinstance(constraint, CheckConstraint | ForeignKeyConstraint) and constraint.name:
+            kind = "check" if isinstance(constraint, CheckConstraint) else "foreign key"
+            found.append(RequiredObject("constraint", table.name, str(constraint.name), kind))
     return found
+
+
+def constraint_kind(contype: str) -> str:
+    """The manifest's word for a ``pg_constraint.contype`` letter."""
+    return _CONSTRAINT_KINDS.get(contype, contype)
 
 
 def required_objects(tables: QueueTables) -> list[RequiredObject]:

@@ -3,20 +3,35 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from sqlalchemy import Connection, Text, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from sqla_queue.errors import SchemaMismatchError
 from sqla_queue.models.tables import SCHEMA_VERSION, QueueTables
-from sqla_queue.schema.manifest import RequiredObject, required_objects
+from sqla_queue.schema.manifest import (
+    RequiredObject,
+    constraint_kind,
+    index_shape,
+    normalize_type,
+    required_objects,
+)
 
-__all__ = ["CATALOG_QUERY", "find_missing", "verify_schema"]
+__all__ = [
+    "CATALOG_QUERY",
+    "FIX_COMMAND",
+    "SchemaReport",
+    "find_missing",
+    "inspect_schema",
+    "verify_schema",
+]
 
 FIX_COMMAND = "alembic upgrade head"
 
-# One round trip for everything: tables, columns, indexes, constraints and the version
-# comment, restricted to the queue's own tables in its schema.
+# One round trip for everything: tables, columns with type and nullability, indexes with
+# their definitions, constraints with their kind, and the version comment, restricted to the
+# queue's own tables in its schema.
 CATALOG_QUERY = text(
     """
     WITH t AS (
@@ -27,20 +42,22 @@ CATALOG_QUERY = text(
           AND c.relkind IN ('r', 'p')
           AND c.relname = ANY(:tables)
     )
-    SELECT 'table' AS kind, t.relname AS tbl, t.relname AS name FROM t
+    SELECT 'table' AS kind, t.relname AS tbl, t.relname AS name, NULL::text AS detail FROM t
     UNION ALL
-    SELECT 'column', t.relname, a.attname::text
+    SELECT 'column', t.relname, a.attname::text,
+           pg_catalog.format_type(a.atttypid, a.atttypmod)
+           || CASE WHEN a.attnotnull THEN '|not null' ELSE '|null' END
     FROM t JOIN pg_catalog.pg_attribute a ON a.attrelid = t.oid
     WHERE a.attnum > 0 AND NOT a.attisdropped
     UNION ALL
-    SELECT 'index', t.relname, i.relname::text
+    SELECT 'index', t.relname, i.relname::text, pg_catalog.pg_get_indexdef(x.indexrelid)
     FROM t JOIN pg_catalog.pg_index x ON x.indrelid = t.oid
     JOIN pg_catalog.pg_class i ON i.oid = x.indexrelid
     UNION ALL
-    SELECT 'constraint', t.relname, con.conname::text
+    SELECT 'constraint', t.relname, con.conname::text, con.contype::text
     FROM t JOIN pg_catalog.pg_constraint con ON con.conrelid = t.oid
     UNION ALL
-    SELECT 'comment', t.relname, obj_description(t.oid, 'pg_class') FROM t
+    SELECT 'comment', t.relname, t.relname, obj_description(t.oid, 'pg_class') FROM t
     """
 ).bindparams(
     bindparam("schema", type_=Text),
@@ -48,6 +65,73 @@ CATALOG_QUERY = text(
 )
 
 _VERSION = re.compile(r"sqla_queue schema version (\d+)")
+
+
+@dataclass(frozen=True)
+class SchemaReport:
+    """What the catalog query found for one queue.
+
+    ``missing`` lists required objects that do not exist; ``different`` pairs a required
+    object with the shape found in the database where the two disagree; ``version`` is the
+    schema version recorded on the executions table (``None``: no executions table; ``0``:
+    the table carries no recognisable version).
+    """
+
+    missing: list[RequiredObject]
+    different: list[tuple[RequiredObject, str]]
+    version: int | None
+
+    @property
+    def ok(self) -> bool:
+        """Whether every required object exists with the expected shape."""
+        return not self.missing and not self.different
+
+    def problems(self, schema: str | None) -> list[str]:
+        """One line per missing or different object."""
+        lines = [obj.describe(schema) for obj in self.missing]
+        lines += [
+            f"{obj.describe(schema)}: expected {obj.shape!r}, found {found!r}"
+            for obj, found in self.different
+        ]
+        return lines
+
+
+def _found_shape(kind: str, detail: str | None) -> str:
+    if detail is None:
+        return ""
+    if kind == "index":
+        return index_shape(detail)
+    if kind == "constraint":
+        return constraint_kind(detail)
+    if kind == "column":
+        spelled, _, nullability = detail.rpartition("|")
+        return f"{normalize_type(spelled)} {nullability}"
+    return detail
+
+
+def inspect_schema(connection: Connection, tables: QueueTables) -> SchemaReport:
+    """Run the catalog query and compare the result with the manifest."""
+    required = required_objects(tables)
+    names = sorted({tables.jobs.name, tables.executions.name})
+    rows = connection.execute(CATALOG_QUERY, {"schema": tables.schema, "tables": names}).all()
+    found: dict[tuple[str, str, str], str] = {}
+    version: int | None = None
+    for kind, tbl, name, detail in rows:
+        if kind == "comment":
+            if tbl == tables.executions.name:
+                match = _VERSION.search(detail or "")
+                version = int(match.group(1)) if match else 0
+            continue
+        found[(kind, tbl, name)] = _found_shape(kind, detail)
+    missing: list[RequiredObject] = []
+    different: list[tuple[RequiredObject, str]] = []
+    for obj in required:
+        key = (obj.kind, obj.table, obj.name)
+        if key not in found:
+            missing.append(obj)
+        elif obj.shape and found[key] != obj.shape:
+            different.append((obj, found[key]))
+    return SchemaReport(missing=missing, different=different, version=version)
 
 
 def find_missing(
@@ -58,32 +142,30 @@ def find_missing(
     The version is read from the comment on the executions table; ``None`` means no queue
     tables were found at all.
     """
-    required = required_objects(tables)
-    names = sorted({tables.jobs.name, tables.executions.name})
-    rows = connection.execute(CATALOG_QUERY, {"schema": tables.schema, "tables": names}).all()
-    present = {(kind, tbl, name) for kind, tbl, name in rows if kind != "comment"}
-    version: int | None = None
-    for kind, tbl, name in rows:
-        if kind == "comment" and tbl == tables.executions.name and name:
-            match = _VERSION.search(name)
-            version = int(match.group(1)) if match else 0
-    if version is None and ("table", tables.executions.name, tables.executions.name) in present:
-        version = 0
-    missing = [obj for obj in required if (obj.kind, obj.table, obj.name) not in present]
-    return missing, version
+    report = inspect_schema(connection, tables)
+    return report.missing, report.version
 
 
 def verify_schema(connection: Connection, tables: QueueTables) -> None:
-    """Raise :class:`SchemaMismatchError` unless every required object exists."""
-    missing, version = find_missing(connection, tables)
-    if not missing:
+    """Raise :class:`SchemaMismatchError` unless every required object exists as expected."""
+    report = inspect_schema(connection, tables)
+    if report.ok:
         return
+    version = report.version
     found = "no queue tables" if version is None else f"schema version {version}"
-    listing = "\n".join(f"  - {obj.describe(tables.schema)}" for obj in missing)
+    problems = report.problems(tables.schema)
+    listing = "\n".join(f"  - {line}" for line in problems)
+    hint = ""
+    if version is not None and version >= SCHEMA_VERSION:
+        hint = (
+            f"\nThe database already records version {version}, so if `{FIX_COMMAND}` has "
+            "nothing to do, these objects were changed outside the migrations: recreate them "
+            f"as `{FIX_COMMAND} --sql` prints them."
+        )
     raise SchemaMismatchError(
         f"sqla_queue cannot run: the database has {found}, this library needs schema "
-        f"version {SCHEMA_VERSION}. Missing ({len(missing)}):\n{listing}\n"
+        f"version {SCHEMA_VERSION}. Missing or different ({len(problems)}):\n{listing}\n"
         f"Fix: run `{FIX_COMMAND}` (or queue.create_all(connection) on a database "
-        "without Alembic).",
-        [obj.describe(tables.schema) for obj in missing],
+        f"without Alembic).{hint}",
+        problems,
     )

@@ -1,6 +1,6 @@
 """The claim: one statement that picks, locks, marks and returns a batch of executions.
 
-Parameters: ``tasks`` (text[] of the worker's task names), ``batch`` (int), ``worker_id``
+Parameters: ``tasks`` (text[] of the worker's task names), ``batch`` (int), ``worker``
 (uuid), ``lease`` (default lost interval, seconds) and ``lease_map`` (jsonb text mapping a
 task name to its own lost interval; ``'{}'`` when none differs).
 """
@@ -86,7 +86,7 @@ def claim_statement(tables: QueueTables) -> Select[tuple[object, ...]]:
         .where(ex.c.id == candidates.c.id)
         .values(
             state=RUNNING,
-            worker_id=bindparam("worker_id", type_=Uuid),
+            worker_id=bindparam("worker", type_=Uuid),
             alive_at=func.now(),
             attempt=ex.c.attempt + 1,
             lease_seconds=lease,

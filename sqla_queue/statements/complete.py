@@ -1,7 +1,7 @@
 """The completion: one fenced statement per flushed batch of outcomes.
 
 Parameters: ``outcomes`` (JSON text: a list of :meth:`Outcome.as_row` objects) and
-``worker_id``. Each outcome only applies when the execution is still running under this
+``worker``. Each outcome only applies when the execution is still running under this
 worker *and* this attempt; a worker whose job was reclaimed and claimed again writes
 nothing. The statement returns the ids it did apply, so the caller can tell which were
 fenced off.
@@ -78,7 +78,7 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[tuple[int]]:
         )
         .render_derived(name="o", with_types=True)
     )
-    worker = bindparam("worker_id", type_=Uuid)
+    worker = bindparam("worker", type_=Uuid)
     fence = and_(
         ex.c.id == outcome.c.id,
         ex.c.attempt == outcome.c.attempt,

@@ -25,7 +25,7 @@ __all__ = ["heartbeat_statement", "reclaim_statement"]
 def heartbeat_statement(tables: QueueTables) -> Update:
     """Refresh ``alive_at`` of the executions this worker is actually running.
 
-    Parameters: ``worker_id``, ``ids`` (bigint[]) and ``attempts`` (int[]), pairwise. The
+    Parameters: ``worker``, ``ids`` (bigint[]) and ``attempts`` (int[]), pairwise. The
     (id, attempt) fence means a heartbeat never revives an execution that was reclaimed and
     claimed again. Returns the ids that are still held; the rest were lost.
     """
@@ -37,7 +37,7 @@ def heartbeat_statement(tables: QueueTables) -> Update:
     return (
         update(ex)
         .where(
-            ex.c.worker_id == bindparam("worker_id", type_=Uuid),
+            ex.c.worker_id == bindparam("worker", type_=Uuid),
             ex.c.state == RUNNING,
             tuple_(ex.c.id, ex.c.attempt).in_(held),
         )
@@ -49,7 +49,7 @@ def heartbeat_statement(tables: QueueTables) -> Update:
 def reclaim_statement(tables: QueueTables) -> Update:
     """Return running executions whose heartbeat is older than their lease to pending.
 
-    Parameter: ``worker_id`` (this worker's own rows are never reclaimed by itself). Rows are
+    Parameter: ``worker`` (this worker's own rows are never reclaimed by itself). Rows are
     locked in id order with SKIP LOCKED, so two reclaimers never deadlock and never wait on
     a row that a completer is deleting. The attempt stays as it is: the next claim counts a
     new one. ``reclaims`` counts how often the job was lost.
@@ -60,7 +60,7 @@ def reclaim_statement(tables: QueueTables) -> Update:
         .where(
             ex.c.state == RUNNING,
             ex.c.alive_at < func.now() - seconds(ex.c.lease_seconds),
-            ex.c.worker_id.is_distinct_from(bindparam("worker_id", type_=Uuid)),
+            ex.c.worker_id.is_distinct_from(bindparam("worker", type_=Uuid)),
         )
         .order_by(ex.c.id)
         .with_for_update(skip_locked=True)

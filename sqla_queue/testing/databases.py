@@ -170,7 +170,13 @@ def resolve_app_url(explicit: str | None, *, announce: Callable[[str], None] = p
     if from_env:
         return normalize_url(from_env)
     with _state.lock:
-        server = _shared_embedded()
+        try:
+            server = _shared_embedded()
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"No database URL given and {DATABASE_URL_ENV} is not set, so an embedded "
+                f"PostgreSQL was needed, but it could not start: {exc}"
+            ) from exc
     announce(
         "No database URL given; started an embedded PostgreSQL (pgserver) at "
         f"{server.url} (data directory: {server.data_dir})"

@@ -375,12 +375,15 @@ def start_embedded_postgres(data_dir: Path | None = None) -> EmbeddedPostgres:
         _ensure_server_user()
     if pgdata.exists():
         _check_version(pgdata)
-        # Same inter-process lock pgserver takes while starting and stopping servers, so the
-        # bookkeeping files are not edited under a concurrent start in another process.
-        with PostgresServer._lock:
-            _prune_dead_handles(pgdata)
-            _remove_stale_pidfile(pgdata)
+    # The threading lock comes first because pgserver's file lock only excludes other
+    # processes: two threads of one process would both hold it.
     with _refcount_lock:
+        if pgdata.exists():
+            # The inter-process lock pgserver takes while starting and stopping servers, so
+            # its bookkeeping files are not edited under a concurrent start elsewhere.
+            with PostgresServer._lock:
+                _prune_dead_handles(pgdata)
+                _remove_stale_pidfile(pgdata)
         server = get_server(pgdata, cleanup_mode="stop")
         _refcounts[pgdata] = _refcounts.get(pgdata, 0) + 1
     return EmbeddedPostgres(server, pgdata)

@@ -39,11 +39,6 @@ class AsyncWorker(WorkerBase):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def stop(self) -> None:
-        """Ask a running :meth:`run` to shut down gracefully. Safe from any thread."""
-        if self.core is not None:
-            self.core.request_stop(time.monotonic())
-
     async def run(self, *, burst: bool = False) -> RunStats:
         """Process jobs until SIGINT/SIGTERM (or :meth:`stop`); with ``burst``, until idle."""
         core = self._new_core(burst)
@@ -125,7 +120,7 @@ class AsyncWorker(WorkerBase):
                 self._dispatch(core, running, pool)
         else:
             result = await connection.execute(
-                core.reclaim_statement, {"worker_id": core.worker_id}
+                core.reclaim_statement, {"worker": core.worker_id}
             )
             rows = result.all()
             await connection.commit()

@@ -58,7 +58,7 @@ class Heartbeater(threading.Thread):
         ids, attempts = self.core.held()
         if not ids:
             return
-        params = {"worker_id": self.core.worker_id, "ids": ids, "attempts": attempts}
+        params = {"worker": self.core.worker_id, "ids": ids, "attempts": attempts}
         try:
             with self.engine.begin() as connection:
                 alive = connection.execute(self.core.heartbeat_statement, params).scalars().all()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,13 +54,27 @@ class WorkerBase:
         self.session_factory = session_factory
         self.settings = settings
         self.core: WorkerCore | None = None
+        self._stop_before_start = False
         self._race_indexes = {
             str(ix.name) for ix in queue.tables.executions.indexes if ix.unique
         }
 
+    def stop(self) -> None:
+        """Ask a running ``run()`` to shut down gracefully. Safe from any thread.
+
+        Called before ``run()`` starts, it makes that run stop at once.
+        """
+        core = self.core
+        if core is None:
+            self._stop_before_start = True
+        else:
+            core.request_stop(time.monotonic())
+
     def _new_core(self, burst: bool) -> WorkerCore:
         core = WorkerCore(self.queue, self.settings, burst=burst)
         self.core = core
+        if self._stop_before_start:
+            core.request_stop(time.monotonic())
         return core
 
     def _make_context(self, core: WorkerCore) -> Callable[[ClaimedJob], Any]:

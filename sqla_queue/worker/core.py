@@ -40,6 +40,8 @@ __all__ = [
 
 log = logging.getLogger("sqla_queue.worker")
 
+_BACK_TO_PENDING = (OutcomeKind.RETRY, OutcomeKind.RESCHEDULE, OutcomeKind.RELEASE)
+
 #: Longest pause after a database error before trying again, in seconds.
 MAX_ERROR_BACKOFF = 10.0
 
@@ -124,7 +126,7 @@ class WorkerCore:
         self.reclaim_statement = statements.reclaim_statement(queue.tables)
         self._claim_params: dict[str, Any] = {
             "tasks": sorted(self.tasks),
-            "worker_id": self.worker_id,
+            "worker": self.worker_id,
             "lease": self.lease_default,
             "lease_map": json.dumps(leases),
         }
@@ -361,11 +363,17 @@ class WorkerCore:
         with self._lock:
             outcomes, self._outcomes = self._outcomes, []
         rows = [o.as_row() for o in outcomes]
-        return outcomes, {"outcomes": json.dumps(rows), "worker_id": self.worker_id}
+        return outcomes, {"outcomes": json.dumps(rows), "worker": self.worker_id}
 
     def completed(self, outcomes: Iterable[Outcome], applied: Iterable[int]) -> None:
         """The completion statement ran; log the outcomes a reclaim had fenced off."""
         self._errors_in_row = 0
+        outcomes = list(outcomes)
+        if self.burst or any(o.kind in _BACK_TO_PENDING for o in outcomes):
+            # Work was handed back, or finishing jobs freed the next job of a queue_id:
+            # an earlier empty claim no longer says anything.
+            self._next_poll = 0.0
+            self._last_claim_empty = False
         done = set(applied)
         for outcome in outcomes:
             if outcome.job_id not in done:
@@ -416,11 +424,16 @@ class WorkerCore:
         if not lost:
             return
         with self._lock:
+            # Executions acked meanwhile are gone from the table but were not lost.
+            lost &= set(self._running) | {o.job_id for o in self._outcomes}
             for job_id in lost:
                 running = self._running.get(job_id)
                 if running is not None and running.context is not None:
                     running.context.lost = True
-        log.warning("executions %s were reclaimed by another worker while held here", sorted(lost))
+        if lost:
+            log.warning(
+                "executions %s were reclaimed by another worker while held here", sorted(lost)
+            )
 
     def reclaimed(self, rows: Sequence[Any]) -> None:
         """Log what a reclaim sweep returned to the queue."""

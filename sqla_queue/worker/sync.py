@@ -38,11 +38,6 @@ class Worker(WorkerBase):
 
         self._wake = threading.Event()
 
-    def stop(self) -> None:
-        """Ask a running :meth:`run` to shut down gracefully. Safe from any thread."""
-        if self.core is not None:
-            self.core.request_stop(time.monotonic())
-
     def run(self, *, burst: bool = False) -> RunStats:
         """Process jobs until SIGINT/SIGTERM (or :meth:`stop`); with ``burst``, until idle.
 
@@ -118,7 +113,7 @@ class Worker(WorkerBase):
             for running in core.accept_claim(rows, action.size, now, make_context):
                 self._dispatch(core, running, pool, private_loop)
         else:
-            params = {"worker_id": core.worker_id}
+            params = {"worker": core.worker_id}
             rows = connection.execute(core.reclaim_statement, params).all()
             connection.commit()
             core.reclaimed(rows)

@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Integer, String, Text, func, insert, update
+from sqlalchemy import BigInteger, DateTime, Integer, String, Text, func, insert, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -155,3 +155,31 @@ def sleepy(ctx: JobContext[Session], seconds: float, cooperative: bool = True) -
 def crash() -> None:
     """Kill the worker process outright, every time."""
     os._exit(3)
+
+
+@queue.task(name="tally", pass_context=True)
+def tally(ctx: JobContext[Session], n: int) -> None:
+    """One statement, one transaction: log the execution and insert the unique result row.
+
+    A second execution of the same job violates the unique key, so it shows up as a
+    failed job instead of passing unnoticed.
+    """
+    session = ctx.session
+    session.execute(
+        text(
+            "WITH r AS (INSERT INTO results (job_id, value) VALUES (:job, :value)) "
+            "INSERT INTO execution_log (job_id, attempt, pid) VALUES (:job, :attempt, :pid)"
+        ),
+        {"job": ctx.job_id, "value": str(n), "attempt": ctx.attempt, "pid": os.getpid()},
+    )
+    session.commit()
+
+
+@queue.task(name="slow_first", pass_context=True, lost_interval=1.0)
+def slow_first(ctx: JobContext[Session], seconds: float = 3.0) -> str:
+    """The first attempt outlives its lease; later attempts return at once."""
+    row_id = _log_start(ctx.session, ctx)
+    if ctx.attempt == 1:
+        time.sleep(seconds)
+    _log_end(ctx.session, row_id)
+    return f"attempt {ctx.attempt}"

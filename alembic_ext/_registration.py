@@ -1,0 +1,140 @@
+"""Registering the operations, their implementations, renderers and the comparator with Alembic.
+
+Alembic keeps all of these in process-wide registries. :func:`install` is idempotent, and
+:func:`uninstall` takes everything out again so that tests can start from a clean Alembic.
+
+The comparator goes into Alembic's global comparator dispatch, which every autogenerate run
+uses, rather than into a :class:`~alembic.runtime.plugins.Plugin`'s own comparators: Alembic
+only runs a plugin's comparators when ``env.py`` names the plugin in
+``autogenerate_plugins``, and an environment that forgot to would silently fall back to
+``create_table`` for the queue's tables.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from alembic.autogenerate import comparators, renderers
+from alembic.autogenerate.api import AutogenContext
+from alembic.operations import MigrateOperation, Operations
+from alembic.operations.ops import UpgradeOps
+
+from alembic_ext.compare import compare_queues
+from alembic_ext.ops import (
+    CreateQueueOp,
+    DropQueueOp,
+    UpgradeQueueOp,
+    run_create_queue,
+    run_drop_queue,
+    run_upgrade_queue,
+)
+from alembic_ext.render import render_create_queue, render_drop_queue, render_upgrade_queue
+
+__all__ = ["install", "is_installed", "uninstall"]
+
+_OPERATIONS: tuple[
+    tuple[str, type[MigrateOperation], Callable[..., Any], Callable[..., str]], ...
+] = (
+    ("create_queue", CreateQueueOp, run_create_queue, render_create_queue),
+    ("drop_queue", DropQueueOp, run_drop_queue, render_drop_queue),
+    ("upgrade_queue", UpgradeQueueOp, run_upgrade_queue, render_upgrade_queue),
+)
+
+
+class _State:
+    lock = threading.Lock()
+    installed = False
+
+
+_state = _State()
+
+
+def _has_priority_dispatch() -> bool:
+    # Alembic 1.18 replaced the "schema" list dispatch with priorities and an "autogenerate"
+    # level; before it, comparators simply ran in registration order.
+    from alembic import util
+
+    return hasattr(util, "DispatchPriority")
+
+
+def _autogenerate_hook(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) -> Any:
+    from alembic.util import PriorityDispatchResult  # type: ignore[attr-defined,unused-ignore]
+
+    compare_queues(autogen_context, upgrade_ops)
+    return PriorityDispatchResult.CONTINUE
+
+
+def _schema_hook(autogen_context: AutogenContext, upgrade_ops: UpgradeOps, schemas: Any) -> None:
+    compare_queues(autogen_context, upgrade_ops)
+
+
+def _comparator_slot() -> tuple[tuple[Any, ...], Callable[..., Any]]:
+    """The key of the global comparator registry our hook lives under, and the hook."""
+    if _has_priority_dispatch():
+        from alembic.util import DispatchPriority  # type: ignore[attr-defined,unused-ignore]
+
+        return ("autogenerate", "default", DispatchPriority.LAST), _autogenerate_hook
+    return ("schema", "default"), _schema_hook
+
+
+def _is_hook(entry: Any, hook: Callable[..., Any]) -> bool:
+    # Alembic 1.18+ stores (function, subgroup) pairs; older releases store functions.
+    return entry is hook or (isinstance(entry, tuple) and bool(entry) and entry[0] is hook)
+
+
+def _hook_registered() -> bool:
+    key, hook = _comparator_slot()
+    entries = comparators._registry.get(key, [])
+    return isinstance(entries, list) and any(_is_hook(entry, hook) for entry in entries)
+
+
+def install() -> None:
+    """Register ``op.create_queue``/``drop_queue``/``upgrade_queue`` and the autogenerate hooks.
+
+    Called when ``alembic_ext`` is imported, and by the ``alembic.plugins`` entry point on
+    Alembic 1.18+. Calling it again does nothing.
+    """
+    with _state.lock:
+        if _state.installed:
+            return
+        for name, op_class, implementation, renderer in _OPERATIONS:
+            if not hasattr(Operations, name):
+                Operations.register_operation(name)(op_class)
+            if (op_class, "default") not in Operations._to_impl._registry:
+                Operations.implementation_for(op_class)(implementation)
+            if (op_class, "default") not in renderers._registry:
+                renderers.dispatch_for(op_class)(renderer)
+        if not _hook_registered():
+            _register_hook()
+        _state.installed = True
+
+
+def _register_hook() -> None:
+    if _has_priority_dispatch():
+        from alembic.util import DispatchPriority  # type: ignore[attr-defined,unused-ignore]
+
+        comparators.dispatch_for("autogenerate", priority=DispatchPriority.LAST)(_autogenerate_hook)
+    else:
+        comparators.dispatch_for("schema")(_schema_hook)
+
+
+def uninstall() -> None:
+    """Remove everything :func:`install` registered (for tests; Alembic has no public API)."""
+    with _state.lock:
+        for name, op_class, _implementation, _renderer in _OPERATIONS:
+            if hasattr(Operations, name):
+                delattr(Operations, name)
+            Operations._to_impl._registry.pop((op_class, "default"), None)
+            renderers._registry.pop((op_class, "default"), None)
+        key, hook = _comparator_slot()
+        entries = comparators._registry.get(key)
+        if isinstance(entries, list):
+            entries[:] = [entry for entry in entries if not _is_hook(entry, hook)]
+        _state.installed = False
+
+
+def is_installed() -> bool:
+    """Whether :func:`install` has run (and :func:`uninstall` has not undone it)."""
+    return _state.installed

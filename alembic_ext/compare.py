@@ -1,0 +1,278 @@
+"""Autogenerate: the queue's tables belong to the queue operations, not to ``create_table``.
+
+The hook runs after Alembic's own comparison (``DispatchPriority.LAST`` on Alembic 1.18+, and
+registration order on older releases, where comparators run in the order they were added).
+By then Alembic has proposed ``create_table``/``add_column``/``create_index``... for every
+queue table, because the queue's tables sit in the host's metadata like any other. The hook
+removes those proposals and puts one queue operation in their place, chosen from the
+database's recorded schema version:
+
+* no queue tables: ``op.create_queue(..., version=<model version>)``;
+* an older version: ``op.upgrade_queue(from_version=<db>, to_version=<model>)``;
+* the same version: nothing, so a second autogenerate is empty and ``alembic check`` passes;
+* queue tables in the database but no Queue in the metadata: ``op.drop_queue(...)``.
+
+The host's ``include_name``/``include_object`` decide for the queue's tables as for any other
+table: a queue whose tables they exclude gets no operation at all.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from alembic.autogenerate.api import AutogenContext
+from alembic.operations import MigrateOperation
+from alembic.operations.ops import DropTableOp, UpgradeOps
+from sqlalchemy import MetaData, Table
+
+from alembic_ext import versions
+from alembic_ext.ops import CreateQueueOp, DropQueueOp, QueueOp, UpgradeQueueOp
+from sqla_queue.errors import InvalidIdentifierError
+from sqla_queue.models.tables import QueueTables
+from sqla_queue.schema.verify import inspect_schema
+
+__all__ = [
+    "QueueSchemaWarning",
+    "QueueTarget",
+    "compare_queues",
+    "find_queues",
+    "plan_queue_op",
+    "rewrite_upgrade_ops",
+]
+
+_EXECUTIONS_SUFFIX = "job_executions"
+_JOBS_SUFFIX = "jobs"
+_VERSION_COMMENT = re.compile(r"^sqla_queue schema version (\d+)$")
+# Set on the UpgradeOps once handled, so a hook registered twice (globally and through a
+# plugin, or by two installs) still produces one queue operation.
+_DONE = "alembic_ext.queues_compared"
+
+TableKey = tuple[str | None, str]
+
+
+class QueueSchemaWarning(UserWarning):
+    """Autogenerate found queue tables it will not touch, and says why."""
+
+
+@dataclass(frozen=True)
+class QueueTarget:
+    """One queue declared in the target metadata: where it lives and which version it wants."""
+
+    jobs: Table
+    executions: Table
+    schema: str | None
+    prefix: str
+    version: int
+
+    @property
+    def tables(self) -> QueueTables:
+        """The queue's tables in the shape ``sqla_queue.schema`` expects."""
+        return QueueTables(
+            jobs=self.jobs, executions=self.executions, schema=self.schema, prefix=self.prefix
+        )
+
+
+def _metadatas(metadata: MetaData | Sequence[MetaData] | None) -> list[MetaData]:
+    if metadata is None:
+        return []
+    if isinstance(metadata, MetaData):
+        return [metadata]
+    return list(metadata)
+
+
+def _target(tables: QueueTables) -> QueueTarget:
+    info = tables.executions.info.get("sqla_queue", {})
+    return QueueTarget(
+        jobs=tables.jobs,
+        executions=tables.executions,
+        schema=tables.schema,
+        prefix=tables.prefix,
+        version=int(info.get("schema_version", versions.LATEST_VERSION)),
+    )
+
+
+def find_queues(metadata: MetaData | Sequence[MetaData] | None) -> list[QueueTarget]:
+    """Every queue in the target metadata.
+
+    Queues register themselves in ``metadata.info["sqla_queue"]``; tables tagged with
+    ``table.info["sqla_queue"]`` (for instance copied with ``Table.to_metadata``) are found
+    too. Each (schema, prefix) is reported once.
+    """
+    found: dict[tuple[str | None, str], QueueTarget] = {}
+    for md in _metadatas(metadata):
+        for tables in md.info.get("sqla_queue", []):
+            if isinstance(tables, QueueTables):
+                found.setdefault((tables.schema, tables.prefix), _target(tables))
+        tagged: dict[tuple[str | None, str], dict[str, Table]] = {}
+        for table in md.tables.values():
+            info = table.info.get("sqla_queue")
+            if isinstance(info, dict) and "role" in info:
+                key = (info.get("schema"), str(info.get("prefix")))
+                tagged.setdefault(key, {})[str(info["role"])] = table
+        for (schema, prefix), roles in tagged.items():
+            if (schema, prefix) in found or not {"jobs", "executions"} <= roles.keys():
+                continue
+            found[(schema, prefix)] = _target(
+                QueueTables(
+                    jobs=roles["jobs"], executions=roles["executions"], schema=schema, prefix=prefix
+                )
+            )
+    return list(found.values())
+
+
+def plan_queue_op(
+    target: QueueTarget, db_version: int | None, *, jobs_table_exists: bool = False
+) -> QueueOp | None:
+    """The one operation that takes the database's queue to the model's version, if any.
+
+    ``db_version`` is the version recorded on the executions table, ``None`` when that table
+    does not exist and ``0`` when it exists without a recognisable version.
+    """
+    where = f"{target.schema + '.' if target.schema else ''}{target.prefix}*"
+    if db_version is None:
+        if jobs_table_exists:
+            warnings.warn(
+                f"sqla_queue tables {where}: {target.jobs.name} exists but "
+                f"{target.executions.name} does not; autogenerate leaves this half-installed "
+                "queue alone. Drop the leftover table or finish the install by hand.",
+                QueueSchemaWarning,
+                stacklevel=2,
+            )
+            return None
+        return CreateQueueOp(target.schema, target.prefix, version=target.version)
+    if db_version == 0:
+        warnings.warn(
+            f"sqla_queue tables {where} exist but carry no schema version comment; "
+            "autogenerate leaves them alone. Were they created by hand?",
+            QueueSchemaWarning,
+            stacklevel=2,
+        )
+        return None
+    if db_version < target.version:
+        return UpgradeQueueOp(db_version, target.version, target.schema, target.prefix)
+    if db_version > target.version:
+        warnings.warn(
+            f"sqla_queue tables {where} are at schema version {db_version}, newer than this "
+            f"library's {target.version}; autogenerate will not downgrade them. Upgrade "
+            "sqla_queue, or write op.upgrade_queue(...) down by hand if you really mean it.",
+            QueueSchemaWarning,
+            stacklevel=2,
+        )
+    return None
+
+
+def _included(autogen_context: AutogenContext, target: QueueTarget) -> bool:
+    if (
+        target.schema is not None
+        and autogen_context.opts.get("include_schemas", False)
+        and not autogen_context.run_name_filters(target.schema, "schema", {})
+    ):
+        return False
+    for table in (target.jobs, target.executions):
+        if not autogen_context.run_name_filters(
+            table.name, "table", {"schema_name": target.schema}
+        ):
+            return False
+        if not autogen_context.run_object_filters(table, table.name, "table", False, None):
+            return False
+    return True
+
+
+def _op_key(op: MigrateOperation, default_schema: str | None) -> TableKey | None:
+    table_name = getattr(op, "table_name", None)
+    if not isinstance(table_name, str):
+        return None
+    schema = getattr(op, "schema", None)
+    return (None if schema == default_schema else schema, table_name)
+
+
+def _without(
+    ops: Iterable[MigrateOperation], keys: set[TableKey], default_schema: str | None
+) -> list[MigrateOperation]:
+    return [op for op in ops if _op_key(op, default_schema) not in keys]
+
+
+def _dropped_queues(
+    ops: list[MigrateOperation], default_schema: str | None
+) -> tuple[list[DropQueueOp], set[TableKey]]:
+    """Queues whose tables Alembic wants to drop because no Queue declares them any more."""
+    dropped = {
+        key: op
+        for op in ops
+        if isinstance(op, DropTableOp) and (key := _op_key(op, default_schema)) is not None
+    }
+    queue_ops: list[DropQueueOp] = []
+    owned: set[TableKey] = set()
+    for (schema, name), op in dropped.items():
+        comment = getattr(op, "comment", None) or op.table_kw.get("comment")
+        match = _VERSION_COMMENT.match(comment or "")
+        if not name.endswith(_EXECUTIONS_SUFFIX) or match is None:
+            continue
+        prefix = name[: -len(_EXECUTIONS_SUFFIX)]
+        jobs_key = (schema, prefix + _JOBS_SUFFIX)
+        if jobs_key not in dropped:
+            continue
+        try:
+            queue_ops.append(DropQueueOp(schema, prefix, version=int(match.group(1))))
+        except (InvalidIdentifierError, TypeError):
+            continue
+        owned |= {(schema, name), jobs_key}
+    return queue_ops, owned
+
+
+def rewrite_upgrade_ops(
+    upgrade_ops: UpgradeOps,
+    queue_ops: Sequence[MigrateOperation],
+    owned: set[TableKey],
+    default_schema: str | None,
+) -> None:
+    """Put ``queue_ops`` in place of whatever Alembic proposed for the ``owned`` tables.
+
+    Also turns Alembic's ``drop_table`` of a queue's two tables (recognised by the version
+    comment on the executions table) into one ``drop_queue``. ``owned`` holds
+    ``(schema, table)`` pairs with the default schema spelled ``None``, as Alembic does.
+    """
+    rest = _without(upgrade_ops.ops, owned, default_schema)
+    drops, dropped_tables = _dropped_queues(rest, default_schema)
+    rest = _without(rest, dropped_tables, default_schema)
+    # Queue tables first and last: a host table may reference the jobs table, never the
+    # other way round, and the downgrade (the reverse list) then drops the queue last.
+    upgrade_ops.ops[:] = [*queue_ops, *rest, *drops]
+
+
+def compare_queues(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) -> None:
+    """Replace Alembic's proposals for queue tables with queue operations (see module doc)."""
+    if upgrade_ops.info.get(_DONE):
+        return
+    upgrade_ops.info[_DONE] = True
+    connection = autogen_context.connection
+    if connection is None:
+        return
+    default_schema = autogen_context.dialect.default_schema_name
+    targets = [t for t in find_queues(autogen_context.metadata) if _included(autogen_context, t)]
+
+    owned: set[TableKey] = set()
+    queue_ops: list[MigrateOperation] = []
+    for target in targets:
+        schema = None if target.schema == default_schema else target.schema
+        owned |= {(schema, target.jobs.name), (schema, target.executions.name)}
+        report = inspect_schema(connection, target.tables)
+        jobs_exists = not any(
+            m.kind == "table" and m.table == target.jobs.name for m in report.missing
+        )
+        op = plan_queue_op(target, report.version, jobs_table_exists=jobs_exists)
+        if op is not None:
+            queue_ops.append(op)
+        elif report.version == target.version and not report.ok:
+            listing = "; ".join(report.problems(target.schema))
+            warnings.warn(
+                f"sqla_queue tables are at schema version {report.version} but differ from "
+                f"it: {listing}. Autogenerate does not repair hand-made changes; "
+                "`sqla-queue verify` shows the same list.",
+                QueueSchemaWarning,
+                stacklevel=2,
+            )
+    rewrite_upgrade_ops(upgrade_ops, queue_ops, owned, default_schema)

@@ -1,0 +1,193 @@
+"""``op.create_queue``, ``op.drop_queue`` and ``op.upgrade_queue``.
+
+Each operation runs the frozen SQL of the schema version it names and nothing else: no
+reflection, no ``get_bind()``. So ``alembic upgrade --sql`` prints the complete script, and a
+migration written today means the same thing after the library's models have moved on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alembic.operations import MigrateOperation, Operations
+
+from alembic_ext import versions
+from sqla_queue._identifiers import validate_prefix, validate_schema
+from sqla_queue.models.tables import DEFAULT_PREFIX
+
+__all__ = [
+    "CreateQueueOp",
+    "DropQueueOp",
+    "QueueOp",
+    "UpgradeQueueOp",
+    "run_create_queue",
+    "run_drop_queue",
+    "run_upgrade_queue",
+]
+
+
+def _check_version(version: object, argument: str) -> int:
+    # bool is an int; a stray True must not silently mean version 1.
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise TypeError(f"{argument} must be a positive int schema version, got {version!r}")
+    return version
+
+
+class QueueOp(MigrateOperation):
+    """What the three queue operations share: where the queue lives."""
+
+    _fields: tuple[str, ...] = ("schema", "prefix")
+
+    def __init__(self, schema: str | None, prefix: str) -> None:
+        self.schema = validate_schema(schema)
+        self.prefix = validate_prefix(prefix)
+
+    def _key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self._fields)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other._key() == self._key()
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._key()))
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
+        return f"{type(self).__name__}({fields})"
+
+
+class CreateQueueOp(QueueOp):
+    """Create the queue's tables at one frozen schema version."""
+
+    _fields = ("schema", "prefix", "version")
+
+    def __init__(
+        self, schema: str | None = None, prefix: str = DEFAULT_PREFIX, *, version: int
+    ) -> None:
+        super().__init__(schema, prefix)
+        self.version = _check_version(version, "version")
+
+    @classmethod
+    def create_queue(
+        cls,
+        operations: Operations,
+        schema: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        version: int,
+    ) -> None:
+        """Create the sqla_queue tables, indexes and constraints of schema ``version``.
+
+        ``version`` is required and frozen into the migration: the same migration creates the
+        same schema with every later release of the library. A named ``schema`` is created
+        if it does not exist.
+        """
+        operations.invoke(cls(schema, prefix, version=version))
+
+    def reverse(self) -> DropQueueOp:
+        """Dropping the queue at the same version."""
+        return DropQueueOp(self.schema, self.prefix, version=self.version)
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        """``("create_queue", schema, prefix, version)``, as ``compare_metadata`` lists it."""
+        return ("create_queue", self.schema, self.prefix, self.version)
+
+
+class DropQueueOp(QueueOp):
+    """Drop the queue's tables, as they are at one schema version."""
+
+    _fields = ("schema", "prefix", "version")
+
+    def __init__(
+        self, schema: str | None = None, prefix: str = DEFAULT_PREFIX, *, version: int
+    ) -> None:
+        super().__init__(schema, prefix)
+        self.version = _check_version(version, "version")
+
+    @classmethod
+    def drop_queue(
+        cls,
+        operations: Operations,
+        schema: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        version: int,
+    ) -> None:
+        """Drop the sqla_queue tables of schema ``version``, with every job in them.
+
+        The schema itself is kept: it may hold other tables.
+        """
+        operations.invoke(cls(schema, prefix, version=version))
+
+    def reverse(self) -> CreateQueueOp:
+        """Creating the queue again at the same version (empty)."""
+        return CreateQueueOp(self.schema, self.prefix, version=self.version)
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        """``("drop_queue", schema, prefix, version)``."""
+        return ("drop_queue", self.schema, self.prefix, self.version)
+
+
+class UpgradeQueueOp(QueueOp):
+    """Move the queue's tables from one schema version to another, keeping their rows."""
+
+    _fields = ("from_version", "to_version", "schema", "prefix")
+
+    def __init__(
+        self,
+        from_version: int,
+        to_version: int,
+        schema: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+    ) -> None:
+        super().__init__(schema, prefix)
+        self.from_version = _check_version(from_version, "from_version")
+        self.to_version = _check_version(to_version, "to_version")
+
+    @classmethod
+    def upgrade_queue(
+        cls,
+        operations: Operations,
+        from_version: int,
+        to_version: int,
+        schema: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+    ) -> None:
+        """Run the frozen steps from ``from_version`` to ``to_version`` (either direction).
+
+        Rows survive: every step alters the tables in place.
+        """
+        operations.invoke(cls(from_version, to_version, schema, prefix))
+
+    def reverse(self) -> UpgradeQueueOp:
+        """The same path walked backwards."""
+        return UpgradeQueueOp(self.to_version, self.from_version, self.schema, self.prefix)
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        """``("upgrade_queue", schema, prefix, from_version, to_version)``."""
+        return ("upgrade_queue", self.schema, self.prefix, self.from_version, self.to_version)
+
+
+def _execute_all(operations: Operations, statements: list[str]) -> None:
+    for statement in statements:
+        operations.execute(statement)
+
+
+def run_create_queue(operations: Operations, operation: CreateQueueOp) -> None:
+    """Implementation of :class:`CreateQueueOp`: frozen DDL only, so ``--sql`` works."""
+    statements = versions.create_statements(operation.version, operation.schema, operation.prefix)
+    _execute_all(operations, statements)
+
+
+def run_drop_queue(operations: Operations, operation: DropQueueOp) -> None:
+    """Implementation of :class:`DropQueueOp`."""
+    statements = versions.drop_statements(operation.version, operation.schema, operation.prefix)
+    _execute_all(operations, statements)
+
+
+def run_upgrade_queue(operations: Operations, operation: UpgradeQueueOp) -> None:
+    """Implementation of :class:`UpgradeQueueOp`."""
+    statements = versions.migrate_statements(
+        operation.from_version, operation.to_version, operation.schema, operation.prefix
+    )
+    _execute_all(operations, statements)

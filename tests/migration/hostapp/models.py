@@ -1,0 +1,78 @@
+"""A host application with its own models, naming convention and a queue in its own schema.
+
+It stands in for a real project that adopts sqla_queue: the queue's tables must come out of
+its own Alembic environment exactly as ``queue.create_all`` would build them, and its own
+tables must autogenerate as they always did.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    MetaData,
+    Numeric,
+    String,
+    Text,
+    func,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from sqla_queue import Queue
+
+QUEUE_SCHEMA = "work"
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    """The host's declarative base, with the host's naming convention."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Customer(Base):
+    """A business table."""
+
+    __tablename__ = "customers"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    email: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+
+queue = Queue(Base, schema=QUEUE_SCHEMA)
+
+
+class Invoice(Base):
+    """A business table that points at the job which mailed it (a host-to-queue reference)."""
+
+    __tablename__ = "invoices"
+    __table_args__ = (CheckConstraint("total >= 0", name="total_positive"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    customer_id: Mapped[int] = mapped_column(ForeignKey("customers.id"), index=True)
+    total: Mapped[Decimal] = mapped_column(Numeric(12, 2))
+    note: Mapped[str | None] = mapped_column(Text)
+    mail_job_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey(queue.tables.jobs.c.id, ondelete="SET NULL")
+    )
+
+
+@queue.task(name="mail_invoice")
+def mail_invoice(invoice_id: int) -> int:
+    """Pretend to mail an invoice."""
+    return invoice_id

@@ -1,0 +1,1 @@
+UPDATE app.q_job_executions SET alive_at=now() WHERE app.q_job_executions.worker_id = %(worker)s::UUID AND app.q_job_executions.state = 'running' AND (app.q_job_executions.id, app.q_job_executions.attempt) IN (SELECT unnest(%(ids)s::BIGINT[]) AS unnest_1, unnest(%(attempts)s::INTEGER[]) AS unnest_2) RETURNING app.q_job_executions.id
