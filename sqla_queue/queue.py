@@ -7,7 +7,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
-from sqlalchemy import MetaData
+from sqlalchemy import MetaData, Select
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
@@ -112,6 +112,8 @@ class Queue:
     @overload
     def task(
         self,
+        fn: None = None,
+        /,
         *,
         name: str | None = None,
         priority: int = 0,
@@ -125,6 +127,8 @@ class Queue:
     @overload
     def task(
         self,
+        fn: None = None,
+        /,
         *,
         name: str | None = None,
         priority: int = 0,
@@ -184,7 +188,9 @@ class Queue:
             return register(fn)
         return register
 
-    def declare_task(self, name: str, *, priority: int = 0, max_attempts: int | None = None) -> None:
+    def declare_task(
+        self, name: str, *, priority: int = 0, max_attempts: int | None = None
+    ) -> None:
         """Let this process enqueue ``name`` by name without importing its handler.
 
         Producers that live apart from the workers declare the names they send, so a typo
@@ -224,7 +230,7 @@ class Queue:
     # -- statements ------------------------------------------------------------------------
 
     @cached_property
-    def _enqueue_statement(self) -> Any:
+    def _enqueue_statement(self) -> Select[int]:
         return statements.enqueue_statement(self.tables, notify=self.notify)
 
     # -- enqueue ---------------------------------------------------------------------------
@@ -290,10 +296,12 @@ class Queue:
             max_attempts=max_attempts,
         )
         spec = JobSpec(task, tuple(args), dict(kwargs or {}), options)
-        return self.enqueue_specs(session, [spec], single=True)
+        return self.enqueue_spec(session, spec)
 
     @overload
-    def enqueue_many(self, session: Session | Connection, specs: Iterable[JobSpec]) -> list[int]: ...
+    def enqueue_many(
+        self, session: Session | Connection, specs: Iterable[JobSpec]
+    ) -> list[int]: ...
 
     @overload
     def enqueue_many(
@@ -308,17 +316,21 @@ class Queue:
         ``queue.enqueue_many(session, (send_email.call(to=a) for a in addresses))``. All
         specs are validated before the first row is written. Returns ids in input order.
         """
-        return self.enqueue_specs(session, specs, single=False)
+        return self.enqueue_specs(session, specs)
 
-    def enqueue_specs(self, session: Bind, specs: Iterable[JobSpec], *, single: bool) -> Any:
-        """Shared path of every enqueue call (see :meth:`enqueue_many`)."""
+    def enqueue_specs(
+        self, session: Bind, specs: Iterable[JobSpec]
+    ) -> list[int] | Coroutine[Any, Any, list[int]]:
+        """Shared path of every enqueue call: validate, serialize, write (see enqueue_many)."""
         chunks = prepare_rows(specs, self._defaults_for)
-        result = execute_chunks(session, self._enqueue_statement, chunks)
-        if not single:
-            return result
-        if isinstance(result, list):
-            return result[0]
-        return _first(result)
+        return execute_chunks(session, self._enqueue_statement, chunks)
+
+    def enqueue_spec(self, session: Bind, spec: JobSpec) -> int | Coroutine[Any, Any, int]:
+        """Enqueue one call; the id, or a coroutine of it for async sessions."""
+        ids = self.enqueue_specs(session, [spec])
+        if isinstance(ids, list):
+            return ids[0]
+        return _first(ids)
 
     # -- operations ------------------------------------------------------------------------
 
@@ -375,4 +387,3 @@ class Queue:
 
 async def _first(ids: Coroutine[Any, Any, list[int]]) -> int:
     return (await ids)[0]
-

@@ -186,4 +186,4 @@ class Task(Generic[P, R]):
         ``AsyncConnection`` it returns a coroutine to await. The job exists only if that
         transaction commits. Arguments must be JSON-serializable.
         """
-        return self.queue.enqueue_specs(session, [self.call(*args, **kwargs)], single=True)
+        return self.queue.enqueue_spec(session, self.call(*args, **kwargs))

@@ -12,7 +12,12 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from sqlalchemy import Engine, create_engine
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue.testing.databases import DatabaseFactory, resolve_test_admin_url
@@ -72,7 +77,7 @@ def engine(db_url: str) -> Iterator[Engine]:
 
 
 @pytest.fixture
-def SessionLocal(engine: Engine) -> sessionmaker[Session]:  # noqa: N802 - named as apps do
+def SessionLocal(engine: Engine) -> sessionmaker[Session]:
     """The host app's session factory."""
     return sessionmaker(engine)
 
@@ -86,6 +91,6 @@ async def async_engine(db_url: str) -> AsyncIterator[AsyncEngine]:
 
 
 @pytest.fixture
-def AsyncSessionLocal(async_engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:  # noqa: N802
+def AsyncSessionLocal(async_engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     """The host app's async session factory."""
     return async_sessionmaker(async_engine, expire_on_commit=False)

@@ -52,7 +52,7 @@ def _seconds(value: float | dt.timedelta | None) -> float | None:
     return seconds
 
 
-class Retry(Exception):  # noqa: N818 - it is a request, not an error condition
+class Retry(Exception):
     """Raise from a handler to retry the job, sooner or later than the backoff would.
 
     The attempt counts towards ``max_attempts``. ``after`` is a delay (seconds or a
@@ -71,7 +71,7 @@ class Retry(Exception):  # noqa: N818 - it is a request, not an error condition
         self.at = at
 
 
-class Reschedule(Exception):  # noqa: N818 - it is a request, not an error condition
+class Reschedule(Exception):
     """Return or raise from a handler to run the job again later without using an attempt.
 
     Give either ``at`` (an aware datetime) or ``in_`` (seconds or a ``timedelta``).

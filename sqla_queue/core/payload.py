@@ -7,6 +7,7 @@ before anything is written and the error can name the task and the offending val
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,7 +35,7 @@ def _find_offender(value: Any, path: str) -> tuple[str, Any] | None:
     if value is None or isinstance(value, str | int | bool):
         return None
     if isinstance(value, float):
-        return (path, value) if value != value or value in (float("inf"), float("-inf")) else None
+        return None if math.isfinite(value) else (path, value)
     return path, value
 
 

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -50,6 +51,7 @@ _POLL_SECONDS = 0.2
 _STALL_SECONDS = 60.0
 _STOP_GRACE_SECONDS = 10.0
 _GOOD_CARD = "4242424242424242"
+_CHECKOUT_THREADS = 4
 _SEED = 20240601
 
 
@@ -93,7 +95,7 @@ def run_demo(url: str | None, orders: int, workers: int) -> int:
     engine: Engine | None = None
     try:
         url = _database_url(url, console)
-        engine = create_engine(url, pool_size=2)
+        engine = create_engine(url, pool_size=_CHECKOUT_THREADS)
         _reset_schema(engine, console)
         placed = _place_orders(sessionmaker(engine), orders, console)
         processed = _run_workers(engine, url, workers, len(placed.committed), console)
@@ -176,45 +178,70 @@ def _reset_schema(engine: Engine, console: Console) -> None:
         ) from exc
 
 
-def _place_orders(session_factory: sessionmaker[Session], orders: int, console: Console) -> _Placed:
-    rng = random.Random(_SEED)
-    declines = max(1, round(orders * DECLINE_RATE)) if orders > 1 else 0
-    declined_numbers = set(rng.sample(range(orders), declines))
-    placed = _Placed()
-    columns = (
+def _progress(console: Console) -> Progress:
+    return Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TextColumn("{task.fields[note]}"),
+        console=console,
     )
+
+
+def _place_one(
+    session_factory: sessionmaker[Session], email: str, total_cents: int, card: str
+) -> tuple[bool, int]:
+    try:
+        order_id = shop.place_order(
+            session_factory, customer_email=email, total_cents=total_cents, card_number=card
+        )
+    except shop.PaymentDeclinedError as exc:
+        return False, exc.order_id
+    return True, order_id
+
+
+def _place_orders(session_factory: sessionmaker[Session], orders: int, console: Console) -> _Placed:
+    rng = random.Random(_SEED)
+    declines = max(1, round(orders * DECLINE_RATE)) if orders > 1 else 0
+    declined_numbers = set(rng.sample(range(orders), declines))
+    plan = [
+        (
+            f"customer{rng.randrange(1, 1000)}@example.com",
+            rng.randrange(500, 25_000),
+            shop.DECLINED_CARD if number in declined_numbers else _GOOD_CARD,
+        )
+        for number in range(orders)
+    ]
+    console.print(
+        f"Placing {orders:,} orders from {_CHECKOUT_THREADS} checkout threads, each in its own "
+        "transaction: INSERT the order, enqueue its confirmation job, charge the card, COMMIT.",
+        soft_wrap=True,
+    )
+    placed = _Placed()
     start = time.monotonic()
-    with Progress(*columns, console=console) as progress:
-        bar = progress.add_task("Placing orders", total=orders, note="")
-        for number in range(orders):
-            card = shop.DECLINED_CARD if number in declined_numbers else _GOOD_CARD
-            try:
-                order_id = shop.place_order(
-                    session_factory,
-                    customer_email=f"customer{rng.randrange(1, 1000)}@example.com",
-                    total_cents=rng.randrange(500, 25_000),
-                    card_number=card,
+    # Threads stand in for a web shop's concurrent checkouts, each with its own Session.
+    pool = ThreadPoolExecutor(_CHECKOUT_THREADS, thread_name_prefix="checkout")
+    try:
+        with _progress(console) as progress:
+            bar = progress.add_task("Placing orders", total=orders, note="")
+            futures = [pool.submit(_place_one, session_factory, *order) for order in plan]
+            for future in as_completed(futures):
+                committed, order_id = future.result()
+                (placed.committed if committed else placed.declined).append(order_id)
+                progress.update(
+                    bar,
+                    advance=1,
+                    note=f"{len(placed.committed)} committed, {len(placed.declined)} declined",
                 )
-            except shop.PaymentDeclinedError as exc:
-                placed.declined.append(exc.order_id)
-            else:
-                placed.committed.append(order_id)
-            progress.update(
-                bar,
-                advance=1,
-                note=f"{len(placed.committed)} committed, {len(placed.declined)} declined",
-            )
+    finally:
+        # On Ctrl-C, orders not yet started are dropped instead of placed in the background.
+        pool.shutdown(wait=True, cancel_futures=True)
     placed.seconds = time.monotonic() - start
     console.print(
-        f"Each order and its confirmation job were written in one transaction; "
-        f"{len(placed.declined)} card(s) were declined, rolling back the order [italic]and[/] "
-        "its job.",
+        f"{len(placed.declined)} card(s) were declined: each of those transactions rolled back "
+        "the order [italic]and[/] its job.",
         soft_wrap=True,
     )
     return placed
@@ -284,19 +311,8 @@ def _run_workers(
         f"--concurrency {WORKER_CONCURRENCY} --burst",
         soft_wrap=True,
     )
-    columns = (
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[note]}"),
-    )
     start = time.monotonic()
-    with (
-        _worker_processes(url, workers) as (processes, logs),
-        Progress(*columns, console=console) as progress,
-    ):
+    with _worker_processes(url, workers) as (processes, logs), _progress(console) as progress:
         bar = progress.add_task("Sending confirmations", total=expected, note="")
         last_done, last_change = -1, start
         while True:

@@ -69,7 +69,7 @@ class Base(DeclarativeBase):
 
 
 class Order(Base):
-    """An order; ``confirmed_at`` is set when its confirmation has been sent."""
+    """An order. Its confirmation email, once sent, is a row in :class:`Confirmation`."""
 
     __tablename__ = "orders"
 
@@ -79,7 +79,6 @@ class Order(Base):
     placed_at: Mapped[dt.datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )
-    confirmed_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Confirmation(Base):
@@ -119,7 +118,7 @@ class PaymentDeclinedError(Exception):
 
 @queue.task(name="shop.send_confirmation", pass_context=True)
 def send_confirmation(ctx: JobContext[Session], order_id: int) -> dict[str, Any]:
-    """Send the order's confirmation email: write it to the outbox and mark the order.
+    """Send the order's confirmation email, recording it in the outbox.
 
     Runs in a worker. ``ctx.session`` comes from the worker's ``sessionmaker``; nothing is
     kept unless it is committed.
@@ -139,7 +138,6 @@ def send_confirmation(ctx: JobContext[Session], order_id: int) -> dict[str, Any]
         worker_pid=os.getpid(),
     )
     session.add(confirmation)
-    order.confirmed_at = dt.datetime.now(dt.UTC)
     session.flush()
     sent = {"confirmation_id": confirmation.id, "recipient": confirmation.recipient}
     session.commit()

@@ -119,9 +119,7 @@ def build_tables(
         Column("max_attempts", Integer, nullable=False),
         Column("errors", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
         Column("result", JSONB, nullable=True),
-        Column(
-            "created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")
-        ),
+        Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
         Column("scheduled_at", DateTime(timezone=True), nullable=False),
         Column("finished_at", DateTime(timezone=True), nullable=True),
         CheckConstraint(f"status IN ({_in(JobStatus.ALL)})", name=conv(f"{jobs_name}_status_ck")),

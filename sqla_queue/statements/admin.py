@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any, Unpack
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
-    Delete,
     Double,
     Integer,
     Select,
@@ -19,6 +20,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.sql.dml import ReturningDelete
 
 from sqla_queue.models.tables import JobStatus, QueueTables
 from sqla_queue.statements._common import FAILED, PENDING, QUEUED, seconds, state_literal
@@ -26,7 +28,7 @@ from sqla_queue.statements._common import FAILED, PENDING, QUEUED, seconds, stat
 __all__ = ["failed_jobs_statement", "prune_statement", "requeue_statement"]
 
 
-def requeue_statement(tables: QueueTables) -> Select[tuple[int]]:
+def requeue_statement(tables: QueueTables) -> Select[int]:
     """Put failed or cancelled jobs back in the queue with a fresh set of attempts.
 
     Parameter ``ids`` (bigint[]). Jobs in any other state are left alone, so requeueing
@@ -64,7 +66,7 @@ def requeue_statement(tables: QueueTables) -> Select[tuple[int]]:
     return select(added.c.id).order_by(added.c.id)
 
 
-def failed_jobs_statement(tables: QueueTables) -> Select[tuple[object, ...]]:
+def failed_jobs_statement(tables: QueueTables) -> Select[Unpack[tuple[Any, ...]]]:
     """The most recently failed jobs, newest first. Parameter ``limit`` (int)."""
     jobs = tables.jobs
     return (
@@ -81,7 +83,7 @@ def failed_jobs_statement(tables: QueueTables) -> Select[tuple[object, ...]]:
     )
 
 
-def prune_statement(tables: QueueTables) -> Delete:
+def prune_statement(tables: QueueTables) -> ReturningDelete[int]:
     """Delete finished jobs older than ``older_than`` seconds (parameter ``older_than``).
 
     Only succeeded and cancelled jobs go; failed ones stay for inspection unless the

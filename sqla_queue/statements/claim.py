@@ -7,6 +7,8 @@ task name to its own lost interval; ``'{}'`` when none differs).
 
 from __future__ import annotations
 
+from typing import Any, Unpack
+
 from sqlalchemy import (
     Double,
     Integer,
@@ -32,7 +34,7 @@ from sqla_queue.statements._common import PENDING, RUNNING
 __all__ = ["claim_statement"]
 
 
-def claim_statement(tables: QueueTables) -> Select[tuple[object, ...]]:
+def claim_statement(tables: QueueTables) -> Select[Unpack[tuple[Any, ...]]]:
     """Build the claim statement for ``tables``.
 
     Shape, in one round trip::
@@ -76,7 +78,9 @@ def claim_statement(tables: QueueTables) -> Select[tuple[object, ...]]:
     )
     lease = func.coalesce(
         cast(
-            func.jsonb_extract_path_text(cast(bindparam("lease_map", type_=Text), JSONB), ex.c.task),
+            func.jsonb_extract_path_text(
+                cast(bindparam("lease_map", type_=Text), JSONB), ex.c.task
+            ),
             Double,
         ),
         bindparam("lease", type_=Double),

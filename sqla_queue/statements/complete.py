@@ -54,7 +54,7 @@ def _kinds(kinds: tuple[OutcomeKind, ...]) -> list[object]:
     return [state_literal(k.value) for k in kinds]
 
 
-def complete_statement(tables: QueueTables) -> CompoundSelect[tuple[int]]:
+def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
     """Build the completion statement for ``tables``.
 
     * succeeded / failed: delete the execution, write the job's final status, result,

@@ -42,7 +42,7 @@ ENQUEUE_ROW_FIELDS = (
 )
 
 
-def enqueue_statement(tables: QueueTables, *, notify: bool) -> Select[tuple[int]]:
+def enqueue_statement(tables: QueueTables, *, notify: bool) -> Select[int]:
     """Build the enqueue statement.
 
     Parameter ``rows``: JSON text, a list of objects with :data:`ENQUEUE_ROW_FIELDS`.
@@ -89,9 +89,7 @@ def enqueue_statement(tables: QueueTables, *, notify: bool) -> Select[tuple[int]
                 execute_at,
             ).order_by(source.c.seq),
         )
-        .returning(
-            jobs.c.id, jobs.c.task, jobs.c.priority, jobs.c.queue_id, jobs.c.scheduled_at
-        )
+        .returning(jobs.c.id, jobs.c.task, jobs.c.priority, jobs.c.queue_id, jobs.c.scheduled_at)
         .cte("new_jobs")
     )
     new_executions = (
@@ -123,5 +121,3 @@ def enqueue_statement(tables: QueueTables, *, notify: bool) -> Select[tuple[int]
         .select_from(new_executions.join(wake, true()))
         .order_by(new_executions.c.id)
     )
-
-

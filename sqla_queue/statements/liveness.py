@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any, Unpack
+
 from sqlalchemy import (
     BigInteger,
     Integer,
-    Update,
     Uuid,
     bindparam,
     func,
@@ -15,6 +16,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.sql.dml import ReturningUpdate
 
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements._common import PENDING, RUNNING, seconds
@@ -22,7 +24,7 @@ from sqla_queue.statements._common import PENDING, RUNNING, seconds
 __all__ = ["heartbeat_statement", "reclaim_statement"]
 
 
-def heartbeat_statement(tables: QueueTables) -> Update:
+def heartbeat_statement(tables: QueueTables) -> ReturningUpdate[int]:
     """Refresh ``alive_at`` of the executions this worker is actually running.
 
     Parameters: ``worker``, ``ids`` (bigint[]) and ``attempts`` (int[]), pairwise. The
@@ -46,7 +48,7 @@ def heartbeat_statement(tables: QueueTables) -> Update:
     )
 
 
-def reclaim_statement(tables: QueueTables) -> Update:
+def reclaim_statement(tables: QueueTables) -> ReturningUpdate[Unpack[tuple[Any, ...]]]:
     """Return running executions whose heartbeat is older than their lease to pending.
 
     Parameter: ``worker`` (this worker's own rows are never reclaimed by itself). Rows are

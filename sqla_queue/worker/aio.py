@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -45,10 +46,14 @@ class AsyncWorker(WorkerBase):
         loop = asyncio.get_running_loop()
         self._loop = loop
         wake = asyncio.Event()
-        core.set_waker(lambda: loop.call_soon_threadsafe(wake.set))
+
+        def wake_up() -> None:
+            loop.call_soon_threadsafe(wake.set)
+
+        core.set_waker(wake_up)
         if self.settings.verify_schema:
-            async with self.engine.connect() as connection:
-                await connection.run_sync(lambda c: self.queue.verify(c))
+            async with self.engine.connect() as check:
+                await check.run_sync(self.queue.verify)
         # Heartbeats run on a thread with a sync connection, immune to a blocked loop.
         heartbeat_engine = sync_engine_from_url(self.engine.url)
         pool, heartbeater, listener = self._start_background(
@@ -76,7 +81,8 @@ class AsyncWorker(WorkerBase):
                             connection = await self.engine.connect()
                         await self._perform(connection, core, action, now, pool, make_context)
                     except DBAPIError as exc:
-                        connection = await _discard(connection)
+                        await _discard(connection)
+                        connection = None
                         if isinstance(action, Claim) and self._is_lost_race(exc):
                             core.claim_lost_race(now)
                             continue
@@ -111,17 +117,13 @@ class AsyncWorker(WorkerBase):
                 raise
             core.completed(outcomes, applied)
         elif isinstance(action, Claim):
-            result = await connection.execute(
-                core.claim_statement, core.claim_params(action.size)
-            )
+            result = await connection.execute(core.claim_statement, core.claim_params(action.size))
             rows = result.all()
             await connection.commit()
             for running in core.accept_claim(rows, action.size, now, make_context):
                 self._dispatch(core, running, pool)
         else:
-            result = await connection.execute(
-                core.reclaim_statement, {"worker": core.worker_id}
-            )
+            result = await connection.execute(core.reclaim_statement, {"worker": core.worker_id})
             rows = result.all()
             await connection.commit()
             core.reclaimed(rows)
@@ -142,18 +144,15 @@ class AsyncWorker(WorkerBase):
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> None:
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), timeout)
-    except TimeoutError:
-        pass
 
 
 async def _discard(connection: AsyncConnection | None) -> None:
     if connection is None:
-        return None
+        return
     try:
         await connection.invalidate()
         await connection.close()
     except Exception:  # already broken; nothing more to release
         log.debug("closing a broken connection failed", exc_info=True)
-    return None

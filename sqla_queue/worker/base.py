@@ -55,9 +55,7 @@ class WorkerBase:
         self.settings = settings
         self.core: WorkerCore | None = None
         self._stop_before_start = False
-        self._race_indexes = {
-            str(ix.name) for ix in queue.tables.executions.indexes if ix.unique
-        }
+        self._race_indexes = {str(ix.name) for ix in queue.tables.executions.indexes if ix.unique}
 
     def stop(self) -> None:
         """Ask a running ``run()`` to shut down gracefully. Safe from any thread.

@@ -399,7 +399,7 @@ class WorkerCore:
     def database_error(self, action: Action, exc: BaseException, now: float) -> float:
         """Log a failed statement and return how long to back off before the next one."""
         self._errors_in_row += 1
-        delay = min(MAX_ERROR_BACKOFF, 0.1 * 2 ** min(self._errors_in_row - 1, 10))
+        delay = min(MAX_ERROR_BACKOFF, 0.1 * 2.0 ** min(self._errors_in_row - 1, 10))
         log.warning(
             "database error during %s (retrying in %.1fs): %s",
             type(action).__name__.lower(),

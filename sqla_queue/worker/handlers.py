@@ -113,9 +113,7 @@ class PrivateLoop:
         )
         self._thread.start()
 
-    def submit(
-        self, coro: Coroutine[Any, Any, Outcome], done: Callable[[Outcome], None]
-    ) -> None:
+    def submit(self, coro: Coroutine[Any, Any, Outcome], done: Callable[[Outcome], None]) -> None:
         """Schedule ``coro`` on the loop and call ``done`` with its outcome."""
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
 

@@ -48,8 +48,8 @@ class Worker(WorkerBase):
         wake = self._wake
         core.set_waker(wake.set)
         if self.settings.verify_schema:
-            with self.engine.connect() as connection:
-                self.queue.verify(connection)
+            with self.engine.connect() as check:
+                self.queue.verify(check)
         pool, heartbeater, listener = self._start_background(core, self.engine, self.engine.url)
         private_loop = PrivateLoop() if any(t.is_async for t in core.tasks.values()) else None
         make_context = self._make_context(core)
@@ -72,9 +72,12 @@ class Worker(WorkerBase):
                     try:
                         if connection is None:
                             connection = self.engine.connect()
-                        self._perform(connection, core, action, now, pool, private_loop, make_context)
+                        self._perform(
+                            connection, core, action, now, pool, private_loop, make_context
+                        )
                     except DBAPIError as exc:
-                        connection = _discard(connection)
+                        _discard(connection)
+                        connection = None
                         if isinstance(action, Claim) and self._is_lost_race(exc):
                             core.claim_lost_race(now)
                             continue
@@ -133,10 +136,9 @@ class Worker(WorkerBase):
 
 def _discard(connection: Connection | None) -> None:
     if connection is None:
-        return None
+        return
     try:
         connection.invalidate()
         connection.close()
     except Exception:  # the connection is already broken; nothing more to release
         log.debug("closing a broken connection failed", exc_info=True)
-    return None

@@ -70,9 +70,6 @@ def test_demo_on_a_given_database_commits_confirms_and_rolls_back(empty_db_url: 
     confirmations = _fetch(
         empty_db_url, f"SELECT order_id, job_id, worker_pid FROM {s}.confirmations"
     )
-    unconfirmed = _fetch(
-        empty_db_url, f"SELECT count(*) FROM {s}.orders WHERE confirmed_at IS NULL"
-    )[0][0]
     live_executions = _fetch(empty_db_url, f"SELECT count(*) FROM {s}.sqla_queue_job_executions")
 
     # The schema was recreated, so the identity restarted: every order number 1..300 was
@@ -93,7 +90,6 @@ def test_demo_on_a_given_database_commits_confirms_and_rolls_back(empty_db_url: 
     assert sorted(confirmed) == sorted(order_ids)
     job_of_order = {order_id: job_id for order_id, _, job_id in jobs}
     assert all(job_of_order[order_id] == job_id for order_id, job_id, _ in confirmations)
-    assert unconfirmed == 0
     # The work was done by worker processes, not by the demo process itself.
     assert all(pid != os.getpid() for _, _, pid in confirmations)
 

@@ -22,8 +22,15 @@ def test_four_processes_run_twenty_thousand_jobs_exactly_once(
         ids = queue.enqueue_many(session, [tally.call(n=i) for i in range(total)])
 
     workers = [
-        start_worker(db_url, "--tasks", "tally", "--concurrency", "10", "--burst",
-                     log_path=tmp_path / f"worker{i}.log")
+        start_worker(
+            db_url,
+            "--tasks",
+            "tally",
+            "--concurrency",
+            "10",
+            "--burst",
+            log_path=tmp_path / f"worker{i}.log",
+        )
         for i in range(4)
     ]
     codes = [w.wait(timeout=240) for w in workers]

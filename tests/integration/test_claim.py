@@ -30,7 +30,9 @@ def claim_params(tasks: list[str], batch: int, worker: uuid.UUID | None = None) 
 
 
 def claim(connection: Connection, tasks: list[str], batch: int) -> list[Any]:
-    return [r for r in connection.execute(CLAIM, claim_params(tasks, batch)).all() if r.id is not None]
+    return [
+        r for r in connection.execute(CLAIM, claim_params(tasks, batch)).all() if r.id is not None
+    ]
 
 
 def enqueue(engine: Engine, specs: list[Any]) -> list[int]:
@@ -61,7 +63,9 @@ def test_only_registered_tasks_are_claimed(engine: Engine) -> None:
         rows = claim(connection, ["boom"], 10)
     assert [r.task for r in rows] == ["boom"]
     with Session(engine) as session:
-        left = session.scalars(select(queue.JobExecution.task).where(queue.JobExecution.state == "pending"))
+        left = session.scalars(
+            select(queue.JobExecution.task).where(queue.JobExecution.state == "pending")
+        )
         assert sorted(left) == ["noop", "noop"]
 
 
@@ -132,7 +136,9 @@ def test_queue_id_runs_only_its_head_in_order(engine: Engine) -> None:
         b.commit()
     # Finishing the head makes the next one the head.
     with engine.begin() as connection:
-        connection.execute(queue.tables.executions.delete().where(queue.tables.executions.c.id == ids[0]))
+        connection.execute(
+            queue.tables.executions.delete().where(queue.tables.executions.c.id == ids[0])
+        )
         assert [r.id for r in claim(connection, ["keyed"], 10)] == [ids[1]]
 
 
@@ -150,7 +156,9 @@ def test_claim_compiles_once_and_is_cached(engine: Engine) -> None:
     compiled: list[object] = []
 
     @event.listens_for(engine, "before_cursor_execute")
-    def capture(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
+    def capture(
+        conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool
+    ) -> None:
         compiled.append(context.compiled)
 
     for batch in (1, 2, 7):

@@ -98,7 +98,7 @@ def test_bulk_validation_fails_before_any_row(SessionLocal: sessionmaker[Session
 
 def test_unknown_task_name_is_a_clear_error(SessionLocal: sessionmaker[Session]) -> None:
     with SessionLocal() as session:
-        with pytest.raises(UnknownTaskError, match="'sned_email'.*declare_task"):
+        with pytest.raises(UnknownTaskError, match=r"'sned_email'.*declare_task"):
             queue.enqueue(session, "sned_email", {"to": "x"})
         assert job_count(session) == 0
 

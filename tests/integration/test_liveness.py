@@ -77,7 +77,9 @@ def test_a_dead_workers_execution_is_reclaimed_and_run_again(
         assert [a for (a,) in log] == [2]
 
 
-def test_fresh_heartbeat_is_not_reclaimed(engine: Engine, SessionLocal: sessionmaker[Session]) -> None:
+def test_fresh_heartbeat_is_not_reclaimed(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
     with SessionLocal.begin() as session:
         job_id = sleepy.enqueue(session, seconds=0.0)
     with engine.begin() as connection:
@@ -85,7 +87,10 @@ def test_fresh_heartbeat_is_not_reclaimed(engine: Engine, SessionLocal: sessionm
             update(EX)
             .where(EX.c.id == job_id)
             .values(
-                state="running", worker_id=uuid.uuid4(), attempt=1, lease_seconds=30.0,
+                state="running",
+                worker_id=uuid.uuid4(),
+                attempt=1,
+                lease_seconds=30.0,
                 alive_at=func.now(),
             )
         )
@@ -116,7 +121,9 @@ def test_late_completion_of_a_reclaimed_job_is_fenced_off(
         with worker_thread(worker_b) as stats_b:
             wait_for(lambda: _status(SessionLocal, job_id) == "succeeded", timeout=10)
             # Wait for A to finish its stale attempt and try to ack it.
-            wait_for(lambda: worker_a.core is not None and worker_a.core.stats["fenced"] == 1, timeout=10)
+            wait_for(
+                lambda: worker_a.core is not None and worker_a.core.stats["fenced"] == 1, timeout=10
+            )
     assert stats_a[0].fenced == 1
     assert stats_a[0].succeeded == 0
     assert stats_b[0].succeeded == 1
@@ -125,7 +132,8 @@ def test_late_completion_of_a_reclaimed_job_is_fenced_off(
         assert job is not None
         assert (job.status, job.result, job.attempts) == ("succeeded", "attempt 2", 2)
         attempts = sorted(
-            a for (a,) in session.execute(
+            a
+            for (a,) in session.execute(
                 select(ExecutionLog.attempt).where(ExecutionLog.job_id == job_id)
             )
         )
@@ -142,12 +150,23 @@ def test_heartbeat_of_a_reclaimed_execution_changes_nothing(
     old, new = uuid.uuid4(), uuid.uuid4()
     with engine.begin() as connection:
         connection.execute(
-            update(EX).where(EX.c.id == job_id).values(
-                state="running", worker_id=new, attempt=2, alive_at=func.now() - dt.timedelta(hours=1)
+            update(EX)
+            .where(EX.c.id == job_id)
+            .values(
+                state="running",
+                worker_id=new,
+                attempt=2,
+                alive_at=func.now() - dt.timedelta(hours=1),
             )
         )
         stale = statements.heartbeat_statement(queue.tables)
         # The old owner (attempt 1) and a wrong attempt of the new owner both miss.
-        assert connection.execute(stale, {"worker": old, "ids": [job_id], "attempts": [1]}).all() == []
-        assert connection.execute(stale, {"worker": new, "ids": [job_id], "attempts": [1]}).all() == []
-        assert connection.execute(stale, {"worker": new, "ids": [job_id], "attempts": [2]}).all() == [(job_id,)]
+        assert (
+            connection.execute(stale, {"worker": old, "ids": [job_id], "attempts": [1]}).all() == []
+        )
+        assert (
+            connection.execute(stale, {"worker": new, "ids": [job_id], "attempts": [1]}).all() == []
+        )
+        assert connection.execute(
+            stale, {"worker": new, "ids": [job_id], "attempts": [2]}
+        ).all() == [(job_id,)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 
 import pytest
 from sqlalchemy import Engine, func, select, text
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 def statuses(session: Session) -> dict[str, int]:
     rows = session.execute(select(queue.Job.status, func.count()).group_by(queue.Job.status))
-    return {status: count for status, count in rows.all()}
+    return dict(rows.all())
 
 
 def test_handler_exception_fails_the_job_and_the_worker_goes_on(
@@ -39,7 +40,7 @@ def test_handler_exception_fails_the_job_and_the_worker_goes_on(
         (error,) = job.errors
         assert error["type"] == "builtins.ValueError"
         assert error["message"] == "card declined"
-        assert 'raise ValueError(message)' in error["traceback"]
+        assert "raise ValueError(message)" in error["traceback"]
         assert error["attempt"] == 1
         assert sorted(session.scalars(select(Result.job_id))) == good
         assert session.scalar(select(func.count()).select_from(queue.JobExecution)) == 0
@@ -97,11 +98,13 @@ def test_retries_follow_backoff_then_succeed(SessionLocal: sessionmaker[Session]
         assert [e["attempt"] for e in job.errors] == [1, 2, 3]
         assert all(e["type"] == "builtins.RuntimeError" for e in job.errors)
         starts = session.scalars(
-            select(ExecutionLog.started_at).where(ExecutionLog.job_id == job_id).order_by(ExecutionLog.id)
+            select(ExecutionLog.started_at)
+            .where(ExecutionLog.job_id == job_id)
+            .order_by(ExecutionLog.id)
         ).all()
     assert len(starts) == 4
     policy = flaky.task_options.retry
-    gaps = [(b - a).total_seconds() for a, b in zip(starts, starts[1:], strict=False)]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(starts)]
     for attempt, gap in enumerate(gaps, start=1):
         # Never earlier than the backoff allows; late by at most a poll and some slack.
         assert gap >= policy.floor(attempt) - 0.01, (attempt, gap)

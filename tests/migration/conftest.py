@@ -67,11 +67,17 @@ def child_env() -> dict[str, str]:
 
 
 def run_cli(
-    argv: list[str], cwd: Path, *, check: bool = True, env: dict[str, str] | None = None
+    argv: list[str],
+    cwd: Path,
+    *,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run a command and fail the test with its output if it fails unexpectedly."""
     result = subprocess.run(
         argv,
+        input=stdin,
         check=False,
         cwd=cwd,
         env=env or child_env(),

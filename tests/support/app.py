@@ -73,7 +73,9 @@ def _log_start(session: Session, ctx: JobContext[Any], key: str | None = None) -
 
 def _log_end(session: Session, row_id: int) -> None:
     session.execute(
-        update(ExecutionLog).where(ExecutionLog.id == row_id).values(finished_at=func.clock_timestamp())
+        update(ExecutionLog)
+        .where(ExecutionLog.id == row_id)
+        .values(finished_at=func.clock_timestamp())
     )
     session.commit()
 

@@ -10,12 +10,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def worker_command(
-    db_url: str, *extra: str, target: str = "tests.support.app:queue"
-) -> list[str]:
+def worker_command(db_url: str, *extra: str, target: str = "tests.support.app:queue") -> list[str]:
     """The argv of ``python -m sqla_queue worker`` on the test app."""
-    return [sys.executable, "-m", "sqla_queue", "--log-level", "WARNING", "worker", target,
-            "--url", db_url, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "sqla_queue",
+        "--log-level",
+        "WARNING",
+        "worker",
+        target,
+        "--url",
+        db_url,
+        *extra,
+    ]
 
 
 def start_worker(db_url: str, *extra: str, log_path: Path | None = None) -> subprocess.Popen[bytes]:

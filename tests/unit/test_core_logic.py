@@ -113,7 +113,11 @@ class TestOutcomes:
 
     def test_retry_request_sets_its_own_delay(self) -> None:
         outcome = outcome_for_error(
-            job(), Retry(after=dt.timedelta(seconds=90)), policy=RetryPolicy(), worker_id=WORKER, now=NOW
+            job(),
+            Retry(after=dt.timedelta(seconds=90)),
+            policy=RetryPolicy(),
+            worker_id=WORKER,
+            now=NOW,
         )
         assert (outcome.kind, outcome.delay) == (OutcomeKind.RETRY, 90)
 
@@ -134,7 +138,10 @@ class TestOutcomes:
             Reschedule(at=dt.datetime(2030, 1, 1))
 
     def test_lost_too_often(self) -> None:
-        assert outcome_lost_too_often(job(reclaims=2), max_reclaims=2, worker_id=WORKER, now=NOW) is None
+        assert (
+            outcome_lost_too_often(job(reclaims=2), max_reclaims=2, worker_id=WORKER, now=NOW)
+            is None
+        )
         lost = outcome_lost_too_often(job(reclaims=3), max_reclaims=2, worker_id=WORKER, now=NOW)
         assert lost is not None
         assert lost.kind is OutcomeKind.FAILED

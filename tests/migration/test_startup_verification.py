@@ -1,0 +1,125 @@
+"""A worker checks the schema in one catalog query and refuses to start on a broken one."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+from alembic import command
+from sqlalchemy import Engine, event, select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from sqla_queue import SchemaMismatchError
+from sqla_queue.schema.verify import inspect_schema
+from tests.migration.conftest import HostProject, engine_for, run_cli
+from tests.migration.hostapp.models import mail_invoice, queue
+
+pytestmark = pytest.mark.migration
+
+CLAIM_INDEX = "work.sqla_queue_job_executions_claim_ix"
+
+
+@pytest.fixture
+def upgraded(history_project: HostProject) -> Iterator[Engine]:
+    """The host's database after ``alembic upgrade head``."""
+    command.upgrade(history_project.config(), "head")
+    engine = engine_for(history_project.url)
+    yield engine
+    engine.dispose()
+
+
+def test_worker_refuses_to_start_without_one_index_and_claims_nothing(upgraded: Engine) -> None:
+    SessionLocal = sessionmaker(upgraded)  # noqa: N806 - named as apps do
+    with SessionLocal.begin() as session:
+        job_id = mail_invoice.enqueue(session, 7)
+    with upgraded.begin() as connection:
+        connection.execute(text(f"DROP INDEX {CLAIM_INDEX}"))
+
+    worker = queue.worker(SessionLocal, install_signal_handlers=False, poll_interval=0.05)
+    with pytest.raises(SchemaMismatchError) as refused:
+        worker.run(burst=True)
+
+    message = str(refused.value)
+    assert f"index {CLAIM_INDEX}" in message
+    assert "alembic upgrade head" in message
+    assert "schema version 1" in message
+    assert refused.value.missing == [f"index {CLAIM_INDEX} (on sqla_queue_job_executions)"]
+    with Session(upgraded) as session:
+        execution = session.scalars(
+            select(queue.JobExecution).where(queue.JobExecution.id == job_id)
+        ).one()
+        assert (execution.state, execution.attempt, execution.worker_id) == ("pending", 0, None)
+
+
+def test_cli_verify_passes_then_names_the_missing_index(
+    upgraded: Engine, history_project: HostProject
+) -> None:
+    argv = [sys.executable, "-m", "sqla_queue", "verify", "tests.migration.hostapp.models:queue"]
+    argv += ["--url", history_project.url]
+    ok = run_cli(argv, history_project.root)
+    assert "schema OK" in ok.stdout
+
+    with upgraded.begin() as connection:
+        connection.execute(text(f"DROP INDEX {CLAIM_INDEX}"))
+    failed = run_cli(argv, history_project.root, check=False)
+
+    assert failed.returncode == 2
+    assert f"index {CLAIM_INDEX}" in failed.stderr
+    assert "alembic upgrade head" in failed.stderr
+
+
+def test_an_index_with_the_right_name_but_another_shape_is_refused(upgraded: Engine) -> None:
+    with upgraded.begin() as connection:
+        connection.execute(text("DROP INDEX work.sqla_queue_job_executions_queue_running_uq"))
+        # Same name, not unique: one queue_id could then run twice at once.
+        connection.execute(
+            text(
+                "CREATE INDEX sqla_queue_job_executions_queue_running_uq "
+                "ON work.sqla_queue_job_executions (queue_id) WHERE state = 'running'"
+            )
+        )
+        connection.execute(text("ALTER TABLE work.sqla_queue_jobs ALTER COLUMN task DROP NOT NULL"))
+        report = inspect_schema(connection, queue.tables)
+        with pytest.raises(SchemaMismatchError) as refused:
+            queue.verify(connection)
+
+    assert report.missing == []
+    assert sorted((obj.name, found) for obj, found in report.different) == [
+        ("sqla_queue_job_executions_queue_running_uq", "queue_id where state = 'running'"),
+        ("task", "text null"),
+    ]
+    message = str(refused.value)
+    assert "expected \"unique queue_id where state = 'running' and queue_id is not null\"" in message
+    assert "column work.sqla_queue_jobs.task: expected 'text not null'" in message
+
+
+def test_a_database_without_the_queue_names_every_table_and_the_fix(
+    history_project: HostProject,
+) -> None:
+    command.upgrade(history_project.config(), "0001")  # the host's tables, no queue yet
+    engine = engine_for(history_project.url)
+    with engine.connect() as connection, pytest.raises(SchemaMismatchError) as refused:
+        queue.verify(connection)
+    engine.dispose()
+
+    message = str(refused.value)
+    assert "the database has no queue tables" in message
+    assert "table work.sqla_queue_jobs" in message
+    assert "table work.sqla_queue_job_executions" in message
+    assert "alembic upgrade head" in message
+
+
+def test_verify_is_one_catalog_round_trip(upgraded: Engine) -> None:
+    statements: list[str] = []
+
+    def count(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    event.listen(upgraded, "before_cursor_execute", count)
+    try:
+        with upgraded.connect() as connection:
+            queue.verify(connection)
+    finally:
+        event.remove(upgraded, "before_cursor_execute", count)
+    assert len([s for s in statements if "pg_catalog" in s]) == 1
