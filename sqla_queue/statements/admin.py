@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Unpack
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -66,7 +66,7 @@ def requeue_statement(tables: QueueTables) -> Select[int]:
     return select(added.c.id).order_by(added.c.id)
 
 
-def failed_jobs_statement(tables: QueueTables) -> Select[Unpack[tuple[Any, ...]]]:
+def failed_jobs_statement(tables: QueueTables) -> Select[*tuple[Any, ...]]:
     """The most recently failed jobs, newest first. Parameter ``limit`` (int)."""
     jobs = tables.jobs
     return (

@@ -7,7 +7,7 @@ task name to its own lost interval; ``'{}'`` when none differs).
 
 from __future__ import annotations
 
-from typing import Any, Unpack
+from typing import Any
 
 from sqlalchemy import (
     Double,
@@ -34,7 +34,7 @@ from sqla_queue.statements._common import PENDING, RUNNING
 __all__ = ["claim_statement"]
 
 
-def claim_statement(tables: QueueTables) -> Select[Unpack[tuple[Any, ...]]]:
+def claim_statement(tables: QueueTables) -> Select[*tuple[Any, ...]]:
     """Build the claim statement for ``tables``.
 
     Shape, in one round trip::

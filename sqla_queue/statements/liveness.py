@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Unpack
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -48,7 +48,7 @@ def heartbeat_statement(tables: QueueTables) -> ReturningUpdate[int]:
     )
 
 
-def reclaim_statement(tables: QueueTables) -> ReturningUpdate[Unpack[tuple[Any, ...]]]:
+def reclaim_statement(tables: QueueTables) -> ReturningUpdate[*tuple[Any, ...]]:
     """Return running executions whose heartbeat is older than their lease to pending.
 
     Parameter: ``worker`` (this worker's own rows are never reclaimed by itself). Rows are
