@@ -11,7 +11,7 @@ import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -68,10 +68,61 @@ def empty_db_url(db_factory: DatabaseFactory) -> Iterator[str]:
     db_factory.drop(url)
 
 
+#: Set to 1 to run the tests as a role that may only read and write the tables (no DDL).
+DML_ROLE_ENV = "SQLA_QUEUE_TEST_DML_ROLE"
+
+
+@pytest.fixture(scope="session")
+def dml_role(admin_url: str) -> Iterator[str | None]:
+    """With $SQLA_QUEUE_TEST_DML_ROLE=1, a login role for the least-privilege run."""
+    if os.environ.get(DML_ROLE_ENV) != "1":
+        yield None
+        return
+    name = f"sqlaq_dml_{os.getpid()}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP ROLE IF EXISTS "{name}"'))
+        connection.execute(text(f'CREATE ROLE "{name}" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE'))
+    yield name
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP ROLE IF EXISTS "{name}"'))
+    admin.dispose()
+
+
+def _grant_dml(db_url: str, role: str) -> str:
+    """Grant ``role`` DML on every table of the test database; return a URL logging in as it."""
+    owner = create_engine(db_url, isolation_level="AUTOCOMMIT")
+    with owner.connect() as connection:
+        for schema in ("public", queue.tables.schema):
+            connection.execute(text(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"'))
+            connection.execute(
+                text(
+                    f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "{schema}" '
+                    f'TO "{role}"'
+                )
+            )
+            connection.execute(
+                text(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA "{schema}" TO "{role}"')
+            )
+        # The role may not create anything: no DDL at runtime.
+        connection.execute(text(f'REVOKE CREATE ON SCHEMA public FROM PUBLIC, "{role}"'))
+    owner.dispose()
+    return make_url(db_url).set(username=role).render_as_string(hide_password=False)
+
+
 @pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    """An engine on this test's database."""
-    eng = create_engine(db_url, pool_size=5, max_overflow=20)
+def engine(db_url: str, dml_role: str | None) -> Iterator[Engine]:
+    """An engine on this test's database (as the DML-only role in the least-privilege run)."""
+    url = _grant_dml(db_url, dml_role) if dml_role else db_url
+    eng = create_engine(url, pool_size=5, max_overflow=20)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def owner_engine(db_url: str) -> Iterator[Engine]:
+    """An engine as the database's owner, for tests that change the schema on purpose."""
+    eng = create_engine(db_url)
     yield eng
     eng.dispose()
 
@@ -83,9 +134,10 @@ def SessionLocal(engine: Engine) -> sessionmaker[Session]:
 
 
 @pytest.fixture
-async def async_engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+async def async_engine(db_url: str, dml_role: str | None) -> AsyncIterator[AsyncEngine]:
     """An async engine on this test's database."""
-    eng = create_async_engine(db_url, pool_size=5)
+    url = _grant_dml(db_url, dml_role) if dml_role else db_url
+    eng = create_async_engine(url, pool_size=5)
     yield eng
     await eng.dispose()
 

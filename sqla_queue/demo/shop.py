@@ -59,7 +59,7 @@ SCHEMA_COMMENT = "created by `sqla-queue demo`; dropped and recreated by each ru
 #: A card number the payment provider always declines (a well-known test card number).
 DECLINED_CARD = "4000000000000002"
 #: Seconds a confirmation takes to "send", standing in for a call to a mail server.
-SEND_LATENCY = 0.004
+SEND_LATENCY = 0.002
 
 
 class Base(DeclarativeBase):

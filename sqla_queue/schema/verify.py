@@ -87,8 +87,22 @@ class SchemaReport:
         return not self.missing and not self.different
 
     def problems(self, schema: str | None) -> list[str]:
-        """One line per missing or different object."""
-        lines = [obj.describe(schema) for obj in self.missing]
+        """One line per missing or different object.
+
+        A missing table is one line: listing each of its columns and indexes too would
+        bury the point.
+        """
+        absent = {obj.table for obj in self.missing if obj.kind == "table"}
+        lines = [
+            f"{obj.describe(schema)} (with its columns, indexes and constraints)"
+            for obj in self.missing
+            if obj.kind == "table"
+        ]
+        lines += [
+            obj.describe(schema)
+            for obj in self.missing
+            if obj.kind != "table" and obj.table not in absent
+        ]
         lines += [
             f"{obj.describe(schema)}: expected {obj.shape!r}, found {found!r}"
             for obj, found in self.different

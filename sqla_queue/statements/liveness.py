@@ -8,6 +8,7 @@ from sqlalchemy import (
     BigInteger,
     Integer,
     Uuid,
+    all_,
     bindparam,
     func,
     null,
@@ -51,7 +52,9 @@ def heartbeat_statement(tables: QueueTables) -> ReturningUpdate[int]:
 def reclaim_statement(tables: QueueTables) -> ReturningUpdate[*tuple[Any, ...]]:
     """Return running executions whose heartbeat is older than their lease to pending.
 
-    Parameter: ``worker`` (this worker's own rows are never reclaimed by itself). Rows are
+    Parameter: ``held`` (bigint[]), the executions the calling worker runs right now: it
+    never reclaims those, even if its own heartbeat is late. Its other rows are fair game:
+    a claim whose reply was lost to a dropped connection leaves rows nobody runs. Rows are
     locked in id order with SKIP LOCKED, so two reclaimers never deadlock and never wait on
     a row that a completer is deleting. The attempt stays as it is: the next claim counts a
     new one. ``reclaims`` counts how often the job was lost.
@@ -62,7 +65,7 @@ def reclaim_statement(tables: QueueTables) -> ReturningUpdate[*tuple[Any, ...]]:
         .where(
             ex.c.state == RUNNING,
             ex.c.alive_at < func.now() - seconds(ex.c.lease_seconds),
-            ex.c.worker_id.is_distinct_from(bindparam("worker", type_=Uuid)),
+            ex.c.id != all_(bindparam("held", type_=ARRAY(BigInteger))),
         )
         .order_by(ex.c.id)
         .with_for_update(skip_locked=True)

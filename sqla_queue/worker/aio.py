@@ -123,7 +123,7 @@ class AsyncWorker(WorkerBase):
             for running in core.accept_claim(rows, action.size, now, make_context):
                 self._dispatch(core, running, pool)
         else:
-            result = await connection.execute(core.reclaim_statement, {"worker": core.worker_id})
+            result = await connection.execute(core.reclaim_statement, core.reclaim_params())
             rows = result.all()
             await connection.commit()
             core.reclaimed(rows)

@@ -435,6 +435,11 @@ class WorkerCore:
                 "executions %s were reclaimed by another worker while held here", sorted(lost)
             )
 
+    def reclaim_params(self) -> dict[str, Any]:
+        """Parameters of the reclaim statement: never reclaim what runs here."""
+        ids, _ = self.held()
+        return {"held": ids}
+
     def reclaimed(self, rows: Sequence[Any]) -> None:
         """Log what a reclaim sweep returned to the queue."""
         if rows:

@@ -116,7 +116,7 @@ class Worker(WorkerBase):
             for running in core.accept_claim(rows, action.size, now, make_context):
                 self._dispatch(core, running, pool, private_loop)
         else:
-            params = {"worker": core.worker_id}
+            params = core.reclaim_params()
             rows = connection.execute(core.reclaim_statement, params).all()
             connection.commit()
             core.reclaimed(rows)

@@ -114,10 +114,7 @@ def run_shell(command: str, workdir: Path, database_url: str) -> subprocess.Comp
 def expected_output(page: Page) -> Counter[str]:
     """Every line the page's output blocks show, with how often it is shown."""
     return Counter(
-        line.strip()
-        for block in page.outputs
-        for line in block.source.splitlines()
-        if line.strip()
+        line.strip() for block in page.outputs for line in block.source.splitlines() if line.strip()
     )
 
 
@@ -186,12 +183,10 @@ def test_guide_examples_run(page_path: Path, empty_db_url: str, tmp_path: Path) 
 
 def _with_burst(command: str) -> str:
     # The README shows a long-running worker; the test needs it to return when idle.
-    lines = []
-    for line in command.splitlines():
-        if line.strip().startswith("sqla-queue worker"):
-            line = f"{line} --burst"
-        lines.append(line)
-    return "\n".join(lines)
+    return "\n".join(
+        f"{line} --burst" if line.strip().startswith("sqla-queue worker") else line
+        for line in command.splitlines()
+    )
 
 
 def test_readme_quick_start(empty_db_url: str, tmp_path: Path) -> None:

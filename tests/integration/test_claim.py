@@ -168,11 +168,12 @@ def test_claim_compiles_once_and_is_cached(engine: Engine) -> None:
     assert compiled[0] is compiled[1] is compiled[2]
 
 
-def test_claim_plan_uses_the_partial_index(engine: Engine) -> None:
+def test_claim_plan_uses_the_partial_index(engine: Engine, owner_engine: Engine) -> None:
     """Query-plan regression: with a seeded backlog, no sequential scan of either table."""
     enqueue(engine, [noop.call() for _ in range(20_000)] + [boom.call() for _ in range(500)])
-    with engine.begin() as connection:
+    with owner_engine.begin() as connection:
         connection.execute(text("ANALYZE"))
+    with engine.begin() as connection:
         compiled = CLAIM.compile(dialect=engine.dialect)
         params = compiled.construct_params(claim_params(["noop"], 10))
         explain = connection.exec_driver_sql("EXPLAIN (FORMAT JSON) " + str(compiled), params)

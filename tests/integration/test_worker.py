@@ -153,9 +153,9 @@ def test_reschedule_does_not_use_an_attempt(SessionLocal: sessionmaker[Session])
 
 
 def test_worker_refuses_to_start_without_a_required_index(
-    engine: Engine, SessionLocal: sessionmaker[Session]
+    owner_engine: Engine, SessionLocal: sessionmaker[Session]
 ) -> None:
-    with engine.begin() as connection:
+    with owner_engine.begin() as connection:
         connection.execute(text("DROP INDEX app_jobs.sqla_queue_job_executions_claim_ix"))
         noop.enqueue(connection)
     with pytest.raises(SchemaMismatchError) as info:

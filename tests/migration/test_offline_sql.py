@@ -38,4 +38,7 @@ def test_offline_script_fed_to_psql_builds_the_same_schema_as_an_online_upgrade(
     history_project.alembic("upgrade", "head")
 
     schemas = ("public", QUEUE_SCHEMA)
-    assert differences(schema_snapshot(target, schemas), schema_snapshot(history_project.url, schemas)) == []
+    assert (
+        differences(schema_snapshot(target, schemas), schema_snapshot(history_project.url, schemas))
+        == []
+    )

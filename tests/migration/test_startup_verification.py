@@ -90,7 +90,9 @@ def test_an_index_with_the_right_name_but_another_shape_is_refused(upgraded: Eng
         ("task", "text null"),
     ]
     message = str(refused.value)
-    assert "expected \"unique queue_id where state = 'running' and queue_id is not null\"" in message
+    assert (
+        "expected \"unique queue_id where state = 'running' and queue_id is not null\"" in message
+    )
     assert "column work.sqla_queue_jobs.task: expected 'text not null'" in message
 
 

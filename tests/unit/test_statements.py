@@ -115,4 +115,4 @@ def test_heartbeat_is_fenced(tables) -> None:
 def test_reclaim_locks_in_stable_order(tables) -> None:
     sql = " ".join(compiled(statements.reclaim_statement(tables)).split())
     assert "ORDER BY app.q_job_executions.id FOR UPDATE SKIP LOCKED" in sql
-    assert "IS DISTINCT FROM %(worker)s::UUID" in sql
+    assert "app.q_job_executions.id != ALL (%(held)s::BIGINT[])" in sql

@@ -1,0 +1,261 @@
+"""The autogenerate comparator against a real database, without an env.py in between."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from alembic.autogenerate import produce_migrations
+from alembic.operations import MigrateOperation, Operations
+from alembic.operations.ops import CreateTableOp, DropTableOp, ModifyTableOps
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection, Integer, MetaData, Table, Column, func, insert, select, text
+from sqlalchemy.engine import Engine
+
+import alembic_ext
+from alembic_ext import CreateQueueOp, DropQueueOp, UpgradeQueueOp, versions
+from alembic_ext.compare import QueueSchemaWarning
+from alembic_ext.versions import v1
+from alembic_ext.versions._names import Names
+from sqla_queue.models.tables import QueueTables, build_tables
+from sqla_queue.schema.verify import find_missing
+from tests.migration.conftest import engine_for
+
+pytestmark = pytest.mark.migration
+
+
+@pytest.fixture
+def engine(empty_db_url: str) -> Iterator[Engine]:
+    """An empty database."""
+    eng = engine_for(empty_db_url)
+    yield eng
+    eng.dispose()
+
+
+def host_metadata(*queues: tuple[str | None, str]) -> tuple[MetaData, list[QueueTables]]:
+    """A host metadata with one table of its own and the given (schema, prefix) queues."""
+    metadata = MetaData()
+    Table("accounts", metadata, Column("id", Integer, primary_key=True))
+    return metadata, [build_tables(metadata, schema=s, prefix=p) for s, p in queues]
+
+
+def autogenerate(connection: Connection, metadata: MetaData, **opts: Any) -> list[MigrateOperation]:
+    """The top-level operations autogenerate proposes."""
+    context = MigrationContext.configure(connection, opts={"target_metadata": metadata, **opts})
+    script = produce_migrations(context, metadata)
+    assert script.upgrade_ops is not None
+    return list(script.upgrade_ops.ops)
+
+
+def apply(connection: Connection, *ops: MigrateOperation) -> None:
+    """Run operations as a migration would."""
+    operations = Operations(MigrationContext.configure(connection))
+    for op in ops:
+        operations.invoke(op)
+
+
+def table_names(ops: list[MigrateOperation]) -> set[str]:
+    """Tables that Alembic's own table operations touch."""
+    return {
+        op.table_name for op in ops if isinstance(op, CreateTableOp | DropTableOp | ModifyTableOps)
+    }
+
+
+def test_empty_database_gets_one_create_queue_first_and_the_host_table(engine: Engine) -> None:
+    metadata, _ = host_metadata((None, "sqla_queue_"))
+    with engine.connect() as connection:
+        ops = autogenerate(connection, metadata)
+
+    assert ops[0] == CreateQueueOp(None, "sqla_queue_", version=versions.LATEST_VERSION)
+    assert table_names(ops) == {"accounts"}
+    assert sum(isinstance(op, CreateQueueOp) for op in ops) == 1
+
+
+def test_without_alembic_ext_alembic_would_create_the_queue_tables_itself(
+    engine: Engine,
+) -> None:
+    """The control experiment: the comparator is what keeps create_table away."""
+    metadata, _ = host_metadata((None, "sqla_queue_"))
+    alembic_ext.uninstall()
+    try:
+        with engine.connect() as connection:
+            ops = autogenerate(connection, metadata)
+    finally:
+        alembic_ext.install()
+    assert {"sqla_queue_jobs", "sqla_queue_job_executions"} <= table_names(ops)
+    assert not any(isinstance(op, CreateQueueOp) for op in ops)
+
+
+@pytest.mark.parametrize("schema", [None, "work"])
+def test_after_create_queue_nothing_is_proposed(engine: Engine, schema: str | None) -> None:
+    metadata, _ = host_metadata((schema, "sqla_queue_"))
+    with engine.begin() as connection:
+        apply(connection, *autogenerate(connection, metadata, include_schemas=True))
+    with engine.connect() as connection:
+        assert autogenerate(connection, metadata, include_schemas=True) == []
+        assert autogenerate(connection, metadata, include_schemas=False) == []
+
+
+def test_two_queues_in_one_metadata_and_a_list_of_metadata(engine: Engine) -> None:
+    metadata, _ = host_metadata(("work", "a_"), ("work", "b_"))
+    other = MetaData()
+    Table("ledger", other, Column("id", Integer, primary_key=True))
+    with engine.connect() as connection:
+        context = MigrationContext.configure(
+            connection, opts={"target_metadata": [metadata, other], "include_schemas": True}
+        )
+        script = produce_migrations(context, [metadata, other])
+    assert script.upgrade_ops is not None
+    ops = script.upgrade_ops.ops
+    assert ops[:2] == [
+        CreateQueueOp("work", "a_", version=1),
+        CreateQueueOp("work", "b_", version=1),
+    ]
+    assert table_names(ops) == {"accounts", "ledger"}
+
+
+def test_host_filters_decide_for_the_queue_tables(engine: Engine) -> None:
+    metadata, _ = host_metadata(("work", "sqla_queue_"))
+
+    def no_queue_objects(obj: Any, name: str | None, type_: str, *_: Any) -> bool:
+        return not (type_ == "table" and str(name).startswith("sqla_queue_"))
+
+    def only_default_schema(name: str | None, type_: str, parents: Any) -> bool:
+        return type_ != "schema" or name is None
+
+    with engine.connect() as connection:
+        by_object = autogenerate(connection, metadata, include_object=no_queue_objects)
+        by_name = autogenerate(
+            connection, metadata, include_schemas=True, include_name=only_default_schema
+        )
+    assert not any(isinstance(op, CreateQueueOp) for op in by_object)
+    assert table_names(by_object) == {"accounts"}
+    assert not any(isinstance(op, CreateQueueOp) for op in by_name)
+
+
+@pytest.mark.parametrize(("schema", "include_schemas"), [(None, False), ("work", True)])
+def test_a_queue_removed_from_the_metadata_is_dropped_by_drop_queue(
+    engine: Engine, schema: str | None, include_schemas: bool
+) -> None:
+    with engine.begin() as connection:
+        apply(connection, CreateQueueOp(schema, "sqla_queue_", version=1))
+    metadata, _ = host_metadata()
+    with engine.connect() as connection:
+        ops = autogenerate(connection, metadata, include_schemas=include_schemas)
+    assert ops[-1] == DropQueueOp(schema, "sqla_queue_", version=1)
+    assert table_names(ops) == {"accounts"}
+
+
+def _fake_v2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Register a made-up version 2 (one nullable column and an index), for this test only."""
+    tables = frozenset({"jobs", "job_executions"})
+
+    def upgrade(schema: str | None, prefix: str) -> list[str]:
+        names = Names(schema, prefix, tables)
+        return [
+            names.render("ALTER TABLE {job_executions} ADD COLUMN slot integer"),
+            names.render(
+                "CREATE UNIQUE INDEX {job_executions_slot_uq} ON {job_executions} (task, slot) "
+                "WHERE state = 'running' AND slot IS NOT NULL"
+            ),
+            names.render("COMMENT ON TABLE {job_executions} IS 'sqla_queue schema version 2'"),
+        ]
+
+    def downgrade(schema: str | None, prefix: str) -> list[str]:
+        names = Names(schema, prefix, tables)
+        return [
+            names.render("DROP INDEX {schema}.{job_executions_slot_uq}")
+            if schema
+            else names.render("DROP INDEX {job_executions_slot_uq}"),
+            names.render("ALTER TABLE {job_executions} DROP COLUMN slot"),
+            names.render("COMMENT ON TABLE {job_executions} IS 'sqla_queue schema version 1'"),
+        ]
+
+    def create(schema: str | None, prefix: str) -> list[str]:
+        return v1.create_statements(schema, prefix) + upgrade(schema, prefix)
+
+    monkeypatch.setitem(versions._RELEASES, 2, versions._Release(create, v1.drop_statements))
+    monkeypatch.setitem(versions._STEPS, 1, versions._Step(upgrade, downgrade))
+
+
+def _seed(connection: Connection, tables: QueueTables) -> None:
+    """A finished job, a pending and a running execution."""
+    jobs, executions = tables.jobs, tables.executions
+    rows = [
+        {"task": "t", "payload": {}, "max_attempts": 1, "scheduled_at": func.now()}
+        for _ in range(3)
+    ]
+    ids = [
+        connection.execute(insert(jobs).values(**row).returning(jobs.c.id)).scalar_one()
+        for row in rows
+    ]
+    connection.execute(
+        jobs.update().where(jobs.c.id == ids[0]).values(status="succeeded", finished_at=func.now())
+    )
+    for job_id, state in ((ids[1], "pending"), (ids[2], "running")):
+        connection.execute(
+            insert(executions).values(
+                id=job_id, task="t", priority=0, state=state, execute_at=func.now()
+            )
+        )
+
+
+def _rows(connection: Connection, tables: QueueTables) -> list[tuple[Any, ...]]:
+    jobs, executions = tables.jobs, tables.executions
+    query = (
+        select(jobs.c.id, jobs.c.status, executions.c.state)
+        .outerjoin(executions, executions.c.id == jobs.c.id)
+        .order_by(jobs.c.id)
+    )
+    return [tuple(row) for row in connection.execute(query)]
+
+
+def test_an_older_database_gets_upgrade_queue_and_keeps_its_rows(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_v2(monkeypatch)
+    metadata, [tables] = host_metadata(("work", "sqla_queue_"))
+    tables.executions.info["sqla_queue"]["schema_version"] = 2  # a model one release ahead
+    with engine.begin() as connection:
+        apply(connection, CreateQueueOp("work", "sqla_queue_", version=1))
+        _seed(connection, tables)
+        before = _rows(connection, tables)
+
+    with engine.connect() as connection:
+        ops = autogenerate(connection, metadata, include_schemas=True)
+    assert ops[0] == UpgradeQueueOp(1, 2, "work", "sqla_queue_")
+    assert not any(isinstance(op, CreateQueueOp) for op in ops)
+    assert table_names(ops) == {"accounts"}
+
+    with engine.begin() as connection:
+        apply(connection, ops[0])
+        assert _rows(connection, tables) == before
+        assert find_missing(connection, tables)[1] == 2
+        slots = connection.execute(text("SELECT count(slot) FROM work.sqla_queue_job_executions"))
+        assert slots.scalar_one() == 0
+    with engine.connect() as connection:
+        again = autogenerate(connection, metadata, include_schemas=True)
+    assert table_names(again) == {"accounts"}
+    assert not any(isinstance(op, UpgradeQueueOp | CreateQueueOp) for op in again)
+
+    with engine.begin() as connection:
+        apply(connection, ops[0].reverse())
+        assert _rows(connection, tables) == before
+        assert find_missing(connection, tables)[1] == 1
+
+
+def test_unrecognised_or_newer_versions_are_left_alone_with_a_warning(engine: Engine) -> None:
+    metadata, _ = host_metadata((None, "sqla_queue_"))
+    with engine.begin() as connection:
+        apply(connection, CreateQueueOp(None, "sqla_queue_", version=1))
+        connection.execute(text("COMMENT ON TABLE sqla_queue_job_executions IS 'mine'"))
+        with pytest.warns(QueueSchemaWarning, match="no schema version comment"):
+            assert table_names(autogenerate(connection, metadata)) == {"accounts"}
+        connection.execute(
+            text("COMMENT ON TABLE sqla_queue_job_executions IS 'sqla_queue schema version 99'")
+        )
+        with pytest.warns(QueueSchemaWarning, match="newer than this library"):
+            ops = autogenerate(connection, metadata)
+        assert table_names(ops) == {"accounts"}
+        assert not any(isinstance(op, UpgradeQueueOp | CreateQueueOp) for op in ops)

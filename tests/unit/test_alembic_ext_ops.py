@@ -1,0 +1,192 @@
+"""The queue operations, their registration and the frozen SQL, without a database.
+
+Every test that touches Alembic's registries starts from an Alembic without alembic_ext and
+puts back whatever was there afterwards (the ``clean_alembic`` fixture), so no test depends on
+another's registrations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterator
+
+import pytest
+from alembic.autogenerate import comparators
+from alembic.operations import Operations
+from alembic.runtime.migration import MigrationContext
+
+import alembic_ext
+from alembic_ext import CreateQueueOp, DropQueueOp, UpgradeQueueOp, versions
+from alembic_ext.plugin import setup
+from alembic_ext.versions import UnknownSchemaVersionError
+from sqla_queue.errors import InvalidIdentifierError
+
+pytestmark = pytest.mark.unit
+
+OPERATION_NAMES = ("create_queue", "drop_queue", "upgrade_queue")
+
+
+@pytest.fixture
+def clean_alembic() -> Iterator[None]:
+    """Alembic without alembic_ext for the test; the previous state is restored after it."""
+    was_installed = alembic_ext.is_installed()
+    alembic_ext.uninstall()
+    yield
+    alembic_ext.uninstall()
+    if was_installed:
+        alembic_ext.install()
+
+
+def offline_operations() -> tuple[Operations, io.StringIO]:
+    """Operations that print SQL (as ``alembic upgrade --sql`` does) into a buffer."""
+    buffer = io.StringIO()
+    context = MigrationContext.configure(
+        dialect_name="postgresql", opts={"as_sql": True, "output_buffer": buffer}
+    )
+    return Operations(context), buffer
+
+
+def printed(statements: list[str]) -> str:
+    """How Alembic's offline mode prints a list of statements."""
+    return "".join(f"{statement};\n\n" for statement in statements)
+
+
+def _our_hooks() -> int:
+    return sum(
+        1
+        for entries in comparators._registry.values()
+        if isinstance(entries, list)
+        for entry in entries
+        if getattr(entry[0] if isinstance(entry, tuple) else entry, "__module__", "")
+        == "alembic_ext._registration"
+    )
+
+
+def test_install_registers_and_uninstall_removes_everything(clean_alembic: None) -> None:
+    assert not any(hasattr(Operations, name) for name in OPERATION_NAMES)
+    assert _our_hooks() == 0
+
+    alembic_ext.install()
+    alembic_ext.install()  # idempotent
+
+    assert all(callable(getattr(Operations, name)) for name in OPERATION_NAMES)
+    assert _our_hooks() == 1
+    for op_class in (CreateQueueOp, DropQueueOp, UpgradeQueueOp):
+        assert Operations._to_impl.dispatch(op_class) is not None
+
+    alembic_ext.uninstall()
+
+    assert not any(hasattr(Operations, name) for name in OPERATION_NAMES)
+    assert _our_hooks() == 0
+    with pytest.raises(ValueError, match="no dispatch function"):
+        Operations._to_impl.dispatch(CreateQueueOp)
+
+
+def test_the_plugin_entry_point_installs(clean_alembic: None) -> None:
+    setup(object())
+    assert alembic_ext.is_installed()
+    assert hasattr(Operations, "create_queue")
+
+
+def test_create_queue_prints_the_frozen_statements_offline(clean_alembic: None) -> None:
+    alembic_ext.install()
+    operations, buffer = offline_operations()
+
+    operations.create_queue(schema="work", prefix="q_", version=1)  # type: ignore[attr-defined]
+
+    assert buffer.getvalue() == printed(versions.create_statements(1, "work", "q_"))
+    assert buffer.getvalue().startswith("CREATE SCHEMA IF NOT EXISTS work;")
+
+
+def test_drop_and_upgrade_print_their_statements_offline(clean_alembic: None) -> None:
+    alembic_ext.install()
+    operations, buffer = offline_operations()
+
+    operations.drop_queue(version=1)  # type: ignore[attr-defined]
+    operations.upgrade_queue(1, 1)  # type: ignore[attr-defined]
+
+    assert buffer.getvalue() == (
+        "DROP TABLE sqla_queue_job_executions;\n\nDROP TABLE sqla_queue_jobs;\n\n"
+    )
+
+
+def test_version_is_required_and_checked(clean_alembic: None) -> None:
+    alembic_ext.install()
+    operations, _ = offline_operations()
+    with pytest.raises(TypeError, match="version"):
+        operations.create_queue(schema="work")  # type: ignore[attr-defined]
+    for bad in (0, True, "1", None):
+        with pytest.raises(TypeError, match="positive int schema version"):
+            CreateQueueOp(version=bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="to_version"):
+        UpgradeQueueOp(1, -1)
+
+
+def test_bad_identifiers_are_refused_before_any_sql() -> None:
+    with pytest.raises(InvalidIdentifierError, match="schema"):
+        CreateQueueOp("Work; DROP", version=1)
+    with pytest.raises(InvalidIdentifierError, match="prefix"):
+        DropQueueOp(None, "Bad-Prefix", version=1)
+
+
+def test_an_unknown_version_names_the_fix(clean_alembic: None) -> None:
+    alembic_ext.install()
+    operations, buffer = offline_operations()
+    with pytest.raises(UnknownSchemaVersionError, match="upgrade sqla_queue"):
+        operations.create_queue(version=99)  # type: ignore[attr-defined]
+    assert buffer.getvalue() == ""
+
+
+def test_each_op_reverses_into_its_counterpart() -> None:
+    create = CreateQueueOp("work", "q_", version=1)
+    upgrade = UpgradeQueueOp(1, 3, "work", "q_")
+
+    assert create.reverse() == DropQueueOp("work", "q_", version=1)
+    assert create.reverse().reverse() == create
+    assert upgrade.reverse() == UpgradeQueueOp(3, 1, "work", "q_")
+    assert create.to_diff_tuple() == ("create_queue", "work", "q_", 1)
+    assert upgrade.to_diff_tuple() == ("upgrade_queue", "work", "q_", 1, 3)
+    assert repr(create) == "CreateQueueOp(schema='work', prefix='q_', version=1)"
+    assert len({create, CreateQueueOp("work", "q_", version=1)}) == 1
+
+
+def test_identifiers_in_the_frozen_sql_are_quoted_by_postgresql_rules() -> None:
+    statements = versions.create_statements(1, "user", "q_")
+    assert statements[0] == 'CREATE SCHEMA IF NOT EXISTS "user"'
+    assert statements[1].startswith('CREATE TABLE "user".q_jobs (')
+    assert 'REFERENCES "user".q_jobs (id)' in statements[5]
+    assert versions.drop_statements(1, None, "q_") == [
+        "DROP TABLE q_job_executions",
+        "DROP TABLE q_jobs",
+    ]
+
+
+def test_version_1_is_frozen() -> None:
+    """A tripwire: the released text of version 1 must never change (add a version instead)."""
+    text = "\n".join(versions.create_statements(1, "s", "p_") + versions.drop_statements(1, "s", "p_"))
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    assert digest == FROZEN_V1_SHA256, text
+
+
+FROZEN_V1_SHA256 = "to be filled"
+
+
+def test_migrate_statements_walk_each_step_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    def step(label: str) -> versions._Step:
+        return versions._Step(
+            upgrade=lambda schema, prefix: [f"up {label} {schema}.{prefix}"],
+            downgrade=lambda schema, prefix: [f"down {label}"],
+        )
+
+    release = versions._Release(create=lambda s, p: [], drop=lambda s, p: [])
+    monkeypatch.setitem(versions._RELEASES, 2, release)
+    monkeypatch.setitem(versions._RELEASES, 3, release)
+    monkeypatch.setitem(versions._STEPS, 1, step("1-2"))
+    monkeypatch.setitem(versions._STEPS, 2, step("2-3"))
+
+    assert versions.migrate_statements(1, 3, "s", "p_") == ["up 1-2 s.p_", "up 2-3 s.p_"]
+    assert versions.migrate_statements(3, 1, "s", "p_") == ["down 2-3", "down 1-2"]
+    assert versions.migrate_statements(2, 2, "s", "p_") == []
+    with pytest.raises(UnknownSchemaVersionError, match="version 4"):
+        versions.migrate_statements(3, 4, "s", "p_")
