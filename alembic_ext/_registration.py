@@ -4,10 +4,13 @@ Alembic keeps all of these in process-wide registries. :func:`install` is idempo
 :func:`uninstall` takes everything out again so that tests can start from a clean Alembic.
 
 The comparator goes into Alembic's global comparator dispatch, which every autogenerate run
-uses, rather than into a :class:`~alembic.runtime.plugins.Plugin`'s own comparators: Alembic
-only runs a plugin's comparators when ``env.py`` names the plugin in
-``autogenerate_plugins``, and an environment that forgot to would silently fall back to
-``create_table`` for the queue's tables.
+uses, at ``DispatchPriority.LAST`` on Alembic 1.18+ (after Alembic's own table comparison) and
+at the ``"schema"`` level on older releases (where comparators run in registration order).
+It is deliberately not an ``alembic.plugins`` entry point: Alembic runs a plugin's
+comparators only in environments that list the plugin in ``autogenerate_plugins`` (anywhere
+else the queue's tables would silently come out as ``create_table``), and it loads entry
+points while ``alembic.autogenerate`` is still being imported, before the registries this
+module fills exist.
 """
 
 from __future__ import annotations
@@ -93,8 +96,7 @@ def _hook_registered() -> bool:
 def install() -> None:
     """Register ``op.create_queue``/``drop_queue``/``upgrade_queue`` and the autogenerate hooks.
 
-    Called when ``alembic_ext`` is imported, and by the ``alembic.plugins`` entry point on
-    Alembic 1.18+. Calling it again does nothing.
+    Called when ``alembic_ext`` is imported; calling it again does nothing.
     """
     with _state.lock:
         if _state.installed:

@@ -46,8 +46,8 @@ __all__ = [
 _EXECUTIONS_SUFFIX = "job_executions"
 _JOBS_SUFFIX = "jobs"
 _VERSION_COMMENT = re.compile(r"^sqla_queue schema version (\d+)$")
-# Set on the UpgradeOps once handled, so a hook registered twice (globally and through a
-# plugin, or by two installs) still produces one queue operation.
+# Set on the UpgradeOps once handled, so that the hook registered twice (a reloaded module, a
+# hand-written plugin calling it too) still produces one queue operation.
 _DONE = "alembic_ext.queues_compared"
 
 TableKey = tuple[str | None, str]

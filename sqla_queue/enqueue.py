@@ -1,26 +1,20 @@
-"""Enqueue through the caller's own Session or Connection, inside its transaction.
+"""Preparing enqueued rows without I/O: validated and serialized in the caller's process.
 
-Rows are prepared here without I/O (validated and serialized in the caller's process), then
-written by one statement per chunk on the caller's connection. Sync and async callers share
-everything but the final ``execute``.
+The rows are then written by one statement per chunk on the caller's connection (see
+:mod:`sqla_queue._binds`), so a bad argument fails before anything reaches the database.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
-
-from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-from sqlalchemy.orm import Session
-from sqlalchemy.sql import Executable
 
 from sqla_queue._identifiers import validate_task_name
 from sqla_queue.core.payload import dump_json, make_payload
 from sqla_queue.task import EnqueueOptions, JobSpec
 
-__all__ = ["CHUNK_SIZE", "TaskDefaults", "execute_chunks", "prepare_rows"]
+__all__ = ["CHUNK_SIZE", "TaskDefaults", "prepare_rows"]
 
 #: Rows per statement in a bulk enqueue: large enough to amortize the round trip, small
 #: enough that one JSON parameter stays a few megabytes.
@@ -81,29 +75,3 @@ def _dump_chunk(rows: list[dict[str, Any]]) -> str:
         for row in rows:
             dump_json(row["payload"], task=row["task"])
         raise
-
-
-def execute_chunks(
-    bind: Session | Connection | AsyncSession | AsyncConnection,
-    statement: Executable,
-    chunks: Sequence[str],
-) -> list[int] | Coroutine[Any, Any, list[int]]:
-    """Run ``statement`` once per chunk on ``bind``'s connection, in its transaction."""
-    if isinstance(bind, AsyncSession | AsyncConnection):
-        return _execute_async(bind, statement, chunks)
-    connection = bind.connection() if isinstance(bind, Session) else bind
-    ids: list[int] = []
-    for chunk in chunks:
-        ids.extend(connection.execute(statement, {"rows": chunk}).scalars())
-    return ids
-
-
-async def _execute_async(
-    bind: AsyncSession | AsyncConnection, statement: Executable, chunks: Sequence[str]
-) -> list[int]:
-    connection = await bind.connection() if isinstance(bind, AsyncSession) else bind
-    ids: list[int] = []
-    for chunk in chunks:
-        result = await connection.execute(statement, {"rows": chunk})
-        ids.extend(result.scalars())
-    return ids

@@ -14,9 +14,10 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm import registry as Registry
 
 from sqla_queue import statements
+from sqla_queue._binds import scalars_each
 from sqla_queue._identifiers import validate_task_name
 from sqla_queue.core.backoff import RetryPolicy
-from sqla_queue.enqueue import TaskDefaults, execute_chunks, prepare_rows
+from sqla_queue.enqueue import TaskDefaults, prepare_rows
 from sqla_queue.errors import TaskAlreadyRegisteredError, UnknownTaskError
 from sqla_queue.models import DEFAULT_PREFIX, Job, JobExecution, build_tables, map_classes
 from sqla_queue.task import JobSpec, Task, TaskOptions, make_enqueue_options
@@ -323,7 +324,7 @@ class Queue:
     ) -> list[int] | Coroutine[Any, Any, list[int]]:
         """Shared path of every enqueue call: validate, serialize, write (see enqueue_many)."""
         chunks = prepare_rows(specs, self._defaults_for)
-        return execute_chunks(session, self._enqueue_statement, chunks)
+        return scalars_each(session, self._enqueue_statement, [{"rows": c} for c in chunks])
 
     def enqueue_spec(self, session: Bind, spec: JobSpec) -> int | Coroutine[Any, Any, int]:
         """Enqueue one call; the id, or a coroutine of it for async sessions."""
@@ -354,15 +355,56 @@ class Queue:
 
         verify_schema(connection, self.tables)
 
-    def requeue(self, session: Session | Connection, job_ids: Iterable[int]) -> list[int]:
+    @overload
+    def requeue(self, session: Session | Connection, job_ids: Iterable[int]) -> list[int]: ...
+
+    @overload
+    def requeue(
+        self, session: AsyncSession | AsyncConnection, job_ids: Iterable[int]
+    ) -> Coroutine[Any, Any, list[int]]: ...
+
+    def requeue(
+        self, session: Bind, job_ids: Iterable[int]
+    ) -> list[int] | Coroutine[Any, Any, list[int]]:
         """Put failed or cancelled jobs back in the queue; returns the ids requeued.
 
-        Runs in ``session``'s transaction: commit it for the jobs to run.
+        Attempts start over; the error history is kept. Jobs in any other state are left
+        alone. Runs in ``session``'s transaction: commit it for the jobs to run.
         """
-        connection = session.connection() if isinstance(session, Session) else session
         ids = [int(i) for i in job_ids]
-        rows = connection.execute(statements.requeue_statement(self.tables), {"ids": ids})
-        return list(rows.scalars())
+        return scalars_each(session, statements.requeue_statement(self.tables), [{"ids": ids}])
+
+    @overload
+    def prune(
+        self,
+        session: Session | Connection,
+        *,
+        older_than: dt.timedelta,
+        include_failed: bool = False,
+    ) -> int: ...
+
+    @overload
+    def prune(
+        self,
+        session: AsyncSession | AsyncConnection,
+        *,
+        older_than: dt.timedelta,
+        include_failed: bool = False,
+    ) -> Coroutine[Any, Any, int]: ...
+
+    def prune(
+        self, session: Bind, *, older_than: dt.timedelta, include_failed: bool = False
+    ) -> int | Coroutine[Any, Any, int]:
+        """Delete finished jobs older than ``older_than``; returns how many went.
+
+        Succeeded and cancelled jobs are deleted; failed ones only with
+        ``include_failed=True``, since they wait for inspection and requeue.
+        """
+        params = {"older_than": older_than.total_seconds(), "include_failed": include_failed}
+        ids = scalars_each(session, statements.prune_statement(self.tables), [params])
+        if isinstance(ids, list):
+            return len(ids)
+        return _count(ids)
 
     def worker(self, session_factory: sessionmaker[Session], **settings: Any) -> Worker:
         """A worker that runs handlers in threads, from the app's own ``sessionmaker``.
@@ -387,3 +429,7 @@ class Queue:
 
 async def _first(ids: Coroutine[Any, Any, list[int]]) -> int:
     return (await ids)[0]
+
+
+async def _count(ids: Coroutine[Any, Any, list[int]]) -> int:
+    return len(await ids)

@@ -138,7 +138,15 @@ class Task(Generic[P, R]):
         return f"<Task {self.name!r}>"
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        """Run the handler directly, outside any worker."""
+        """Run the handler directly, outside any worker.
+
+        A ``pass_context=True`` handler needs its context: call ``task.fn(ctx, ...)``.
+        """
+        if self.task_options.pass_context:
+            raise TypeError(
+                f"task {self.name!r} takes a JobContext first: call {self.name}.fn(ctx, ...) "
+                "to run it directly"
+            )
         result: R = self.fn(*args, **kwargs)
         return result
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import logging
 import sys
 from collections.abc import Sequence
@@ -14,6 +15,24 @@ from sqla_queue.cli.loading import CliError, database_url, load_queue
 from sqla_queue.errors import SqlaQueueError
 
 __all__ = ["main"]
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """``7d``, ``12h``, ``30m``, ``90s`` or plain seconds, as a timedelta."""
+    unit = text[-1:].lower()
+    number = text[:-1] if unit in _UNITS else text
+    try:
+        value = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: use a number with s, m, h or d (7d, 12h)"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("a duration cannot be negative")
+    return dt.timedelta(seconds=value * _UNITS.get(unit, 1))
 
 
 def _add_target(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     requeue = sub.add_parser("requeue", help="run failed jobs again")
     _add_target(requeue)
     requeue.add_argument("ids", nargs="+", type=int, help="job ids")
+
+    prune = sub.add_parser("prune", help="delete finished jobs older than a given age")
+    _add_target(prune)
+    prune.add_argument(
+        "--older-than", type=parse_duration, required=True, help="age such as 7d, 12h, 30m, 90s"
+    )
+    prune.add_argument("--include-failed", action="store_true", help="failed jobs go too")
 
     demo = sub.add_parser("demo", help="a real end-to-end demo: a shop, its orders, 2 workers")
     demo.add_argument("--url", help="database URL (default: $DATABASE_URL, else embedded)")
@@ -139,6 +165,20 @@ def _requeue(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prune(args: argparse.Namespace) -> int:
+    queue = load_queue(args.queue)
+    engine = create_engine(database_url(args.url))
+    try:
+        with engine.begin() as connection:
+            count = queue.prune(
+                connection, older_than=args.older_than, include_failed=args.include_failed
+            )
+    finally:
+        engine.dispose()
+    print(f"pruned {count} finished job(s) older than {args.older_than}")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from sqla_queue.demo.run import run_demo
 
@@ -156,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "verify": _verify,
         "failed": _failed,
         "requeue": _requeue,
+        "prune": _prune,
         "demo": _demo,
     }
     try:

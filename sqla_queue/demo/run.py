@@ -8,6 +8,7 @@ from counters in this process.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import subprocess
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -94,46 +96,47 @@ def run_demo(url: str | None, orders: int, workers: int) -> int:
     console.rule("[bold]sqla_queue demo: a shop, its orders, and their confirmation emails")
     engine: Engine | None = None
     try:
-        url = _database_url(url, console)
+        url, embedded = _database_url(url, console)
         engine = create_engine(url, pool_size=_CHECKOUT_THREADS)
         _reset_schema(engine, console)
         placed = _place_orders(sessionmaker(engine), orders, console)
         processed = _run_workers(engine, url, workers, len(placed.committed), console)
         checks = _check(engine, placed, processed)
     except DemoError as exc:
-        console.print(f"[red]sqla-queue demo: {exc}[/]")
+        console.print(f"[red]sqla-queue demo:[/] {escape(str(exc))}", soft_wrap=True)
         return 2
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted: workers stopped, nothing checked[/]")
+        console.print("[yellow]interrupted: worker processes stopped, nothing checked[/]")
         return 130
     finally:
         if engine is not None:
             engine.dispose()
-    return _report(checks, processed, url, console)
+    return _report(checks, processed, url, embedded, console)
 
 
-def _database_url(explicit: str | None, console: Console) -> str:
-    if explicit:
-        source = "--url"
-    elif os.environ.get(DATABASE_URL_ENV):
-        source = f"${DATABASE_URL_ENV}"
-    else:
-        source = "embedded"
-        console.print(
-            f"No --url and no ${DATABASE_URL_ENV}: starting an embedded PostgreSQL (pgserver)...",
-            soft_wrap=True,
-        )
+def _database_url(explicit: str | None, console: Console) -> tuple[str, bool]:
+    """The database to use, and whether it is an embedded server started for this run."""
+    if explicit or os.environ.get(DATABASE_URL_ENV):
+        url = resolve_app_url(explicit)
+        source = "--url" if explicit else f"${DATABASE_URL_ENV}"
+        console.print(f"Database ({source}): {escape(_safe(url))}", soft_wrap=True)
+        return url, False
+    # pgserver narrates every pg_ctl call at INFO, which would bury the demo's own output.
+    logging.getLogger("pgserver").setLevel(logging.WARNING)
+    messages: list[str] = []
     try:
-        url = resolve_app_url(
-            explicit, announce=lambda message: console.print(message, soft_wrap=True)
-        )
+        with console.status(
+            f"No --url and no ${DATABASE_URL_ENV}: starting an embedded PostgreSQL (pgserver); "
+            "the first start initialises it and takes a few seconds..."
+        ):
+            url = resolve_app_url(None, announce=messages.append)
     except RuntimeError as exc:
         raise DemoError(
             f"{exc}\nOr point the demo at a server: sqla-queue demo --url postgresql://..."
         ) from exc
-    if source != "embedded":
-        console.print(f"Database ({source}): {_safe(url)}", soft_wrap=True)
-    return url
+    for message in messages:
+        console.print(escape(message), soft_wrap=True)
+    return url, True
 
 
 def _safe(url: str) -> str:
@@ -395,72 +398,70 @@ def _check(engine: Engine, placed: _Placed, processed: _Processed) -> list[_Chec
     placed_total = committed + rolled_back
     wall = processed.seconds
     steady = (sent - 1) / float(span) if span and sent > 1 else None
-    workers_note = ", ".join(f"pid {pid}: {n}" for pid, n in by_worker)
+    workers_note = "\n".join(f"pid {pid}: {n:,} jobs" for pid, n in by_worker)
     exits_ok = all(code == 0 for code in processed.exit_codes)
+    place_rate = placed_total / placed.seconds if placed.seconds > 0 else 0.0
     return [
-        _Check("Orders placed", f"{placed_total:,}", None, f"in {placed.seconds:.1f} s"),
+        _Check("Orders placed", f"{placed_total:,}", None, f"{place_rate:,.0f} orders/s"),
+        _Check("  committed", f"{committed:,}", orders_in_db == committed, "order rows kept"),
         _Check(
-            "  committed",
-            f"{committed:,}",
-            orders_in_db == committed,
-            f"{orders_in_db:,} order rows in the database",
-        ),
-        _Check(
-            "  rolled back (card declined)",
+            "  rolled back",
             f"{rolled_back:,}",
             declined_rows == 0,
-            f"{declined_rows} order, job or confirmation rows left behind",
+            "card declined; no order, job or email left"
+            if declined_rows == 0
+            else f"card declined; {declined_rows} rows left behind",
         ),
         _Check(
-            "Jobs enqueued",
+            "Jobs",
             f"{jobs_in_db:,}",
             jobs_in_db == committed and orders_with_job == committed,
-            f"one per committed order ({orders_with_job:,} orders have a job)",
+            "one per committed order",
         ),
         _Check("  succeeded", f"{succeeded:,}", succeeded == committed),
-        _Check(
-            "  failed", f"{failed:,}", failed == 0, "see: sqla-queue failed ..." if failed else ""
-        ),
-        _Check("  not finished", f"{unfinished:,}", unfinished == 0),
+        _Check("  failed", f"{failed:,}", failed == 0, "see: sqla-queue failed" if failed else ""),
+        _Check("  unfinished", f"{unfinished:,}", unfinished == 0),
         _Check(
             "Confirmations sent",
             f"{sent:,}",
             unconfirmed == 0,
-            f"{unconfirmed} committed orders without one",
+            f"{unconfirmed} orders without one",
         ),
         _Check("  duplicates", f"{duplicates:,}", duplicates == 0, "orders confirmed twice"),
         _Check(
             "Worker processes",
             str(len(processed.exit_codes)),
             exits_ok,
-            workers_note + ("" if exits_ok else f"; exit codes {processed.exit_codes}"),
+            workers_note if exits_ok else f"exit codes {processed.exit_codes}",
         ),
-        _Check("Processing time", f"{wall:.2f} s", None, "workers started → all exited"),
+        _Check("Processing time", f"{wall:.1f} s", None, "incl. worker start-up"),
         _Check(
             "Throughput",
             f"{succeeded / wall:,.0f} jobs/s" if wall > 0 else "-",
             None,
-            f"{steady:,.0f} jobs/s from first to last confirmation" if steady else "",
+            f"first to last job: {steady:,.0f}/s" if steady else "",
         ),
     ]
 
 
-def _report(checks: list[_Check], processed: _Processed, url: str, console: Console) -> int:
-    table = Table(title="sqla_queue demo: summary", title_justify="left")
+def _report(
+    checks: list[_Check], processed: _Processed, url: str, embedded: bool, console: Console
+) -> int:
+    table = Table(title="Summary (recounted from the database)", title_justify="left")
     table.add_column("")
-    table.add_column("count", justify="right")
+    table.add_column("", justify="right")
     table.add_column("check", justify="center")
-    table.add_column("")
+    table.add_column("details")
     for check in checks:
         mark = "" if check.ok is None else ("[green]✓[/]" if check.ok else "[red]✗[/]")
         table.add_row(check.label, check.value, mark, check.note)
     console.print(table)
     failed = [c.label.strip() for c in checks if c.ok is False]
-    if any(code != 0 for code in processed.exit_codes):
+    if failed:
         for number, log in enumerate(processed.logs, start=1):
             if log.strip():
                 tail = "\n".join(log.strip().splitlines()[-20:])
-                console.print(f"[bold]worker {number} output (last lines):[/]\n{tail}")
+                console.print(f"[bold]worker {number} output (last lines):[/]\n{escape(tail)}")
     if failed:
         console.print(f"[red bold]{len(failed)} check(s) failed:[/] {', '.join(failed)}")
         return 1
@@ -469,9 +470,16 @@ def _report(checks: list[_Check], processed: _Processed, url: str, console: Cons
         "and no declined order left a job behind.",
         soft_wrap=True,
     )
-    console.print(
-        f"The shop's code: {shop.__file__}\n"
-        f"Look around: sqla-queue verify {_QUEUE_PATH} --url '{_safe(url)}'",
-        soft_wrap=True,
-    )
+    console.print(f"The shop's code: {escape(str(shop.__file__))}", soft_wrap=True)
+    if embedded:
+        console.print(
+            "The embedded server stops when the demo exits; its data directory is kept for "
+            "the next run.",
+            soft_wrap=True,
+        )
+    else:
+        console.print(
+            f"Look around: sqla-queue verify {_QUEUE_PATH} --url '{escape(_safe(url))}'",
+            soft_wrap=True,
+        )
     return 0

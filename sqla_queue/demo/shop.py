@@ -46,6 +46,7 @@ __all__ = [
     "Confirmation",
     "Order",
     "PaymentDeclinedError",
+    "charge_card",
     "create_tables",
     "place_order",
     "queue",

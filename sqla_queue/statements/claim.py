@@ -37,14 +37,16 @@ __all__ = ["claim_statement"]
 def claim_statement(tables: QueueTables) -> Select[*tuple[Any, ...]]:
     """Build the claim statement for ``tables``.
 
-    Shape, in one round trip::
+    Shape, in one round trip:
 
+    ```sql
         WITH candidates AS (SELECT id ... ORDER BY priority DESC, execute_at, id
                             LIMIT :batch FOR UPDATE OF e SKIP LOCKED),
              claimed    AS (UPDATE executions SET state='running', ... RETURNING ...),
              next_due   AS (SELECT min(execute_at) ... WHERE execute_at > now())
         SELECT next_due.at, claimed.*, jobs.payload ...
         FROM next_due LEFT JOIN (claimed JOIN jobs) ON true
+    ```
 
     The outer join always yields one row, so an empty claim still reports when the next
     job falls due and an idle poller can sleep exactly until then.

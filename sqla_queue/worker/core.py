@@ -156,7 +156,7 @@ class WorkerCore:
             if self._stop_deadline is None:
                 self._stop_deadline = now + self.settings.shutdown_timeout
                 self.stop_flag.set()
-                contexts = [r.context for r in self._running.values()]
+                contexts = [r.context for r in self._running.values() if r.context is not None]
         for ctx in contexts:
             ctx._notify_shutdown()
         self._wake()
@@ -317,7 +317,7 @@ class WorkerCore:
         level = logging.ERROR if outcome.kind is OutcomeKind.FAILED else logging.WARNING
         log.log(
             level,
-            "job %s (%s) attempt %s/%s raised %s: %s -> %s",
+            "job %s (%s) attempt %s (max_attempts %s) raised %s: %s -> %s",
             running.job.id,
             running.job.task,
             running.job.attempt,

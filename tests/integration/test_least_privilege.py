@@ -33,6 +33,7 @@ def test_suites_pass_as_a_dml_only_role() -> None:
         capture_output=True,
         text=True,
         timeout=600,
+        check=False,
     )
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and " failed" not in run.stdout

@@ -175,3 +175,23 @@ def test_stop_before_run_returns_at_once(SessionLocal: sessionmaker[Session]) ->
     worker.stop()
     stats = worker.run()
     assert stats.claimed == 0
+
+
+async def test_async_requeue_and_prune(
+    AsyncSessionLocal: async_sessionmaker[AsyncSession], SessionLocal: sessionmaker[Session]
+) -> None:
+    async with AsyncSessionLocal() as session, session.begin():
+        failed = await boom.enqueue(session)
+        done = await noop.enqueue(session)
+    await queue.async_worker(AsyncSessionLocal).run(burst=True)
+    async with AsyncSessionLocal() as session, session.begin():
+        # Nothing is old enough yet.
+        assert await queue.prune(session, older_than=dt.timedelta(hours=1)) == 0
+        assert await queue.prune(session, older_than=dt.timedelta(0)) == 1
+    with SessionLocal() as session:
+        assert session.get(queue.Job, done) is None
+        assert session.get(queue.Job, failed) is not None
+    async with AsyncSessionLocal() as session, session.begin():
+        assert await queue.requeue(session, [failed]) == [failed]
+    with SessionLocal() as session:
+        assert statuses(session) == {"queued": 1}

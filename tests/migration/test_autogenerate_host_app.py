@@ -88,17 +88,3 @@ def test_autogenerate_renders_the_queue_op_and_upgrade_builds_the_create_all_sch
         assert "legacy_reports" in names
         assert not names & {"customers", "invoices"}
     engine.dispose()
-
-
-def test_cli_autogenerate_upgrade_and_check(host_project: HostProject) -> None:
-    """The same flow through the real ``alembic`` command line, as a user runs it."""
-    host_project.alembic("revision", "--autogenerate", "-m", "add queue", "--rev-id", "0001")
-    [revision] = host_project.revision_files()
-    assert "op.create_queue(schema='work', prefix='sqla_queue_', version=1)" in (
-        revision.read_text()
-    )
-
-    host_project.alembic("upgrade", "head")
-    check = host_project.alembic("check")
-
-    assert "No new upgrade operations detected" in check.stdout + check.stderr

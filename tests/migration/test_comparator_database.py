@@ -10,7 +10,7 @@ from alembic.autogenerate import produce_migrations
 from alembic.operations import MigrateOperation, Operations
 from alembic.operations.ops import CreateTableOp, DropTableOp, ModifyTableOps
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, Integer, MetaData, Table, Column, func, insert, select, text
+from sqlalchemy import Column, Connection, Integer, MetaData, Table, func, insert, select, text
 from sqlalchemy.engine import Engine
 
 import alembic_ext
@@ -105,7 +105,8 @@ def test_two_queues_in_one_metadata_and_a_list_of_metadata(engine: Engine) -> No
         context = MigrationContext.configure(
             connection, opts={"target_metadata": [metadata, other], "include_schemas": True}
         )
-        script = produce_migrations(context, [metadata, other])
+        # Alembic accepts a sequence of MetaData here, though its annotation says one.
+        script = produce_migrations(context, [metadata, other])  # type: ignore[arg-type]
     assert script.upgrade_ops is not None
     ops = script.upgrade_ops.ops
     assert ops[:2] == [

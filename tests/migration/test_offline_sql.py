@@ -6,6 +6,7 @@ import shutil
 from collections.abc import Callable
 
 import pytest
+from alembic import command
 
 from tests.migration.catalog import differences
 from tests.migration.conftest import HostProject, libpq_url, run_cli, schema_snapshot
@@ -35,7 +36,7 @@ def test_offline_script_fed_to_psql_builds_the_same_schema_as_an_online_upgrade(
         history_project.root,
         stdin=script,
     )
-    history_project.alembic("upgrade", "head")
+    command.upgrade(history_project.config(), "head")
 
     schemas = ("public", QUEUE_SCHEMA)
     assert (

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from alembic import command
 from sqlalchemy import Engine, event, select, text
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import sessionmaker
 
 from sqla_queue import SchemaMismatchError
 from sqla_queue.schema.verify import inspect_schema
@@ -30,7 +30,7 @@ def upgraded(history_project: HostProject) -> Iterator[Engine]:
 
 
 def test_worker_refuses_to_start_without_one_index_and_claims_nothing(upgraded: Engine) -> None:
-    SessionLocal = sessionmaker(upgraded)  # noqa: N806 - named as apps do
+    SessionLocal = sessionmaker(upgraded)
     with SessionLocal.begin() as session:
         job_id = mail_invoice.enqueue(session, 7)
     with upgraded.begin() as connection:
@@ -45,21 +45,19 @@ def test_worker_refuses_to_start_without_one_index_and_claims_nothing(upgraded: 
     assert "alembic upgrade head" in message
     assert "schema version 1" in message
     assert refused.value.missing == [f"index {CLAIM_INDEX} (on sqla_queue_job_executions)"]
-    with Session(upgraded) as session:
-        execution = session.scalars(
-            select(queue.JobExecution).where(queue.JobExecution.id == job_id)
+    executions = queue.tables.executions
+    with upgraded.connect() as connection:
+        row = connection.execute(
+            select(executions.c.state, executions.c.attempt, executions.c.worker_id).where(
+                executions.c.id == job_id
+            )
         ).one()
-        assert (execution.state, execution.attempt, execution.worker_id) == ("pending", 0, None)
+    assert tuple(row) == ("pending", 0, None)
 
 
-def test_cli_verify_passes_then_names_the_missing_index(
-    upgraded: Engine, history_project: HostProject
-) -> None:
+def test_cli_verify_names_the_missing_index(upgraded: Engine, history_project: HostProject) -> None:
     argv = [sys.executable, "-m", "sqla_queue", "verify", "tests.migration.hostapp.models:queue"]
     argv += ["--url", history_project.url]
-    ok = run_cli(argv, history_project.root)
-    assert "schema OK" in ok.stdout
-
     with upgraded.begin() as connection:
         connection.execute(text(f"DROP INDEX {CLAIM_INDEX}"))
     failed = run_cli(argv, history_project.root, check=False)

@@ -185,3 +185,64 @@ def slow_first(ctx: JobContext[Session], seconds: float = 3.0) -> str:
         time.sleep(seconds)
     _log_end(ctx.session, row_id)
     return f"attempt {ctx.attempt}"
+
+
+@queue.task(
+    name="chaos",
+    pass_context=True,
+    lost_interval=2.0,
+    # Chaos loses jobs on purpose (SIGKILL) and kills their connections (which fails an
+    # attempt): both count attempts, so leave room for several before giving up.
+    max_attempts=10,
+    max_reclaims=8,
+    retry=RetryPolicy(min_delay=0.1, max_delay=0.5, factor=2.0, jitter=0.25),
+)
+def chaos(ctx: JobContext[Session], n: int, pause: float = 0.05) -> int:
+    """Log the execution, pause (so kills land mid-job), then record the result.
+
+    The result row and the execution's finished mark commit together; a later execution
+    of the same job keeps the first result (the handler is idempotent, as the docs ask).
+    """
+    session = ctx.session
+    row_id = _log_start(session, ctx)
+    if pause:
+        time.sleep(pause)
+    session.execute(
+        text(
+            "WITH r AS (INSERT INTO results (job_id, value) VALUES (:job, :value) "
+            "ON CONFLICT (job_id) DO NOTHING) "
+            "UPDATE execution_log SET finished_at = clock_timestamp() WHERE id = :row"
+        ),
+        {"job": ctx.job_id, "value": str(n), "row": row_id},
+    )
+    session.commit()
+    return n
+
+
+@queue.task(name="sleepy_async", pass_context=True)
+async def sleepy_async(
+    ctx: JobContext[AsyncSession], seconds: float, cooperative: bool = True
+) -> str:
+    """The async twin of :func:`sleepy`: a cooperative one wakes on the shutdown event."""
+    session = ctx.session
+    row_id = (
+        await session.execute(
+            insert(ExecutionLog)
+            .values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
+            .returning(ExecutionLog.id)
+        )
+    ).scalar_one()
+    await session.commit()
+    if cooperative:
+        waiter = asyncio.ensure_future(ctx.shutdown_event.wait())
+        await asyncio.wait({waiter}, timeout=seconds)
+        waiter.cancel()
+    else:
+        await asyncio.sleep(seconds)
+    await session.execute(
+        update(ExecutionLog)
+        .where(ExecutionLog.id == row_id)
+        .values(finished_at=func.clock_timestamp())
+    )
+    await session.commit()
+    return "done"

@@ -25,7 +25,8 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     """Upgrade schema."""
-    op.create_queue(schema="work", prefix="sqla_queue_", version=1)
+    # alembic_ext registers these at run time; Alembic's stubs for `op` cannot know them.
+    op.create_queue(schema="work", prefix="sqla_queue_", version=1)  # type: ignore[attr-defined]
     op.create_table(
         "invoices",
         sa.Column("id", sa.Integer(), nullable=False),
@@ -52,4 +53,4 @@ def downgrade() -> None:
     """Downgrade schema."""
     op.drop_index(op.f("ix_invoices_customer_id"), table_name="invoices")
     op.drop_table("invoices")
-    op.drop_queue(schema="work", prefix="sqla_queue_", version=1)
+    op.drop_queue(schema="work", prefix="sqla_queue_", version=1)  # type: ignore[attr-defined]

@@ -1,0 +1,217 @@
+"""The autogenerate comparator's decisions, without a database.
+
+Finding queues in metadata, choosing the one operation per queue, and rewriting Alembic's
+proposals are pure functions; the database-backed run is in tests/migration. The
+``clean_alembic`` fixture isolates the registration tests from each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from alembic.autogenerate import comparators
+from alembic.operations import MigrateOperation
+from alembic.operations.ops import (
+    AddColumnOp,
+    CreateIndexOp,
+    CreateTableOp,
+    DropTableOp,
+    ModifyTableOps,
+    UpgradeOps,
+)
+from sqlalchemy import Column, Integer, MetaData, Table
+
+import alembic_ext
+from alembic_ext import CreateQueueOp, DropQueueOp, UpgradeQueueOp
+from alembic_ext._registration import _comparator_slot
+from alembic_ext.compare import (
+    QueueSchemaWarning,
+    QueueTarget,
+    find_queues,
+    plan_queue_op,
+    rewrite_upgrade_ops,
+)
+from sqla_queue.models.tables import build_tables
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def clean_alembic() -> Iterator[None]:
+    """Alembic without alembic_ext for the test; the previous state is restored after it."""
+    was_installed = alembic_ext.is_installed()
+    alembic_ext.uninstall()
+    yield
+    alembic_ext.uninstall()
+    if was_installed:
+        alembic_ext.install()
+
+
+def target(version: int = 1, schema: str | None = "work") -> QueueTarget:
+    """A queue whose model wants ``version``."""
+    tables = build_tables(MetaData(), schema=schema)
+    return QueueTarget(tables.jobs, tables.executions, schema, tables.prefix, version)
+
+
+# -- finding queues ---------------------------------------------------------------------------
+
+
+def test_queues_are_found_through_metadata_info() -> None:
+    metadata = MetaData()
+    a = build_tables(metadata, schema="work", prefix="a_")
+    b = build_tables(metadata, prefix="b_")
+
+    found = find_queues(metadata)
+
+    assert [(q.schema, q.prefix, q.version) for q in found] == [("work", "a_", 1), (None, "b_", 1)]
+    assert found[0].jobs is a.jobs and found[1].executions is b.executions
+    assert find_queues(None) == []
+    assert find_queues(MetaData()) == []
+
+
+def test_tables_copied_to_another_metadata_are_found_by_their_tags() -> None:
+    tables = build_tables(MetaData(), schema="work")
+    copy = MetaData()
+    tables.jobs.to_metadata(copy)
+    tables.executions.to_metadata(copy)
+    lonely = MetaData()
+    tables.jobs.to_metadata(lonely)  # half a queue is not a queue
+
+    [found] = find_queues([copy, lonely])
+
+    assert (found.schema, found.prefix) == ("work", "sqla_queue_")
+    assert found.jobs is copy.tables["work.sqla_queue_jobs"]
+
+
+def test_the_target_version_comes_from_the_model() -> None:
+    metadata = MetaData()
+    tables = build_tables(metadata)
+    tables.executions.info["sqla_queue"]["schema_version"] = 7
+    assert find_queues(metadata)[0].version == 7
+
+
+# -- choosing the operation -------------------------------------------------------------------
+
+
+def test_no_tables_means_create_at_the_model_version() -> None:
+    assert plan_queue_op(target(3), None) == CreateQueueOp("work", "sqla_queue_", version=3)
+
+
+def test_same_version_means_nothing() -> None:
+    assert plan_queue_op(target(2), 2) is None
+
+
+def test_older_version_means_upgrade_from_there() -> None:
+    assert plan_queue_op(target(3), 1) == UpgradeQueueOp(1, 3, "work", "sqla_queue_")
+
+
+@pytest.mark.parametrize(
+    ("db_version", "jobs_exists", "message"),
+    [
+        (5, True, "newer than this library"),
+        (0, True, "no schema version comment"),
+        (None, True, "half-installed"),
+    ],
+)
+def test_odd_databases_are_left_alone_with_a_warning(
+    db_version: int | None, jobs_exists: bool, message: str
+) -> None:
+    with pytest.warns(QueueSchemaWarning, match=message):
+        assert plan_queue_op(target(1), db_version, jobs_table_exists=jobs_exists) is None
+
+
+# -- rewriting Alembic's proposals ------------------------------------------------------------
+
+
+def _alembic_proposals() -> tuple[UpgradeOps, set[tuple[str | None, str]]]:
+    """What Alembic proposes for a host table plus a queue in the default schema ``public``."""
+    metadata = MetaData()
+    host = Table("accounts", metadata, Column("id", Integer, primary_key=True))
+    queue = build_tables(metadata, schema="public")
+    ops: list[MigrateOperation] = [
+        CreateTableOp.from_table(queue.jobs),
+        CreateTableOp.from_table(host),
+        ModifyTableOps(
+            "sqla_queue_job_executions",
+            [AddColumnOp("sqla_queue_job_executions", Column("x", Integer))],
+            schema="public",
+        ),
+        ModifyTableOps(
+            "accounts",
+            [CreateIndexOp("ix_accounts_id", "accounts", ["id"])],
+        ),
+    ]
+    owned: set[tuple[str | None, str]] = {
+        (None, "sqla_queue_jobs"),
+        (None, "sqla_queue_job_executions"),
+    }
+    return UpgradeOps(ops=ops), owned
+
+
+def test_alembic_proposals_for_queue_tables_give_way_to_the_queue_op() -> None:
+    upgrade_ops, owned = _alembic_proposals()
+    create = CreateQueueOp("public", "sqla_queue_", version=1)
+
+    rewrite_upgrade_ops(upgrade_ops, [create], owned, default_schema="public")
+
+    assert upgrade_ops.ops[0] is create
+    assert [getattr(op, "table_name", None) for op in upgrade_ops.ops[1:]] == [
+        "accounts",
+        "accounts",
+    ]
+
+
+def _dropped(name: str, schema: str | None, comment: str | None) -> DropTableOp:
+    table = Table(name, MetaData(), Column("id", Integer), schema=schema, comment=comment)
+    return DropTableOp.from_table(table)
+
+
+def test_dropping_both_queue_tables_becomes_one_drop_queue_at_the_end() -> None:
+    upgrade_ops = UpgradeOps(
+        ops=[
+            _dropped("q_job_executions", "work", "sqla_queue schema version 1"),
+            _dropped("legacy", None, None),
+            _dropped("q_jobs", "work", "sqla_queue: durable record of every job"),
+        ]
+    )
+
+    rewrite_upgrade_ops(upgrade_ops, [], set(), default_schema="public")
+
+    assert [type(op) for op in upgrade_ops.ops] == [DropTableOp, DropQueueOp]
+    assert upgrade_ops.ops[-1] == DropQueueOp("work", "q_", version=1)
+
+
+@pytest.mark.parametrize(
+    "ops",
+    [
+        # No version comment: somebody else's table that happens to share the name.
+        [_dropped("q_job_executions", None, "mine"), _dropped("q_jobs", None, None)],
+        # Only one of the two tables is going away.
+        [_dropped("q_job_executions", None, "sqla_queue schema version 1")],
+    ],
+)
+def test_other_drops_are_left_as_alembic_proposed(ops: list[MigrateOperation]) -> None:
+    upgrade_ops = UpgradeOps(ops=list(ops))
+    rewrite_upgrade_ops(upgrade_ops, [], set(), default_schema="public")
+    assert upgrade_ops.ops == ops
+
+
+# -- registration ----------------------------------------------------------------------------
+
+
+def _hooks_at_last_priority() -> list[object]:
+    """Our hooks at the slot that runs after Alembic's own comparison (LAST, or "schema")."""
+    key, _hook = _comparator_slot()
+    entries = comparators._registry.get(key, [])
+    functions = [entry[0] if isinstance(entry, tuple) else entry for entry in entries]
+    return [fn for fn in functions if fn.__module__ == "alembic_ext._registration"]
+
+
+def test_the_hook_runs_after_alembics_own_comparison_and_only_once(clean_alembic: None) -> None:
+    assert _hooks_at_last_priority() == []
+    alembic_ext.install()
+    alembic_ext.install()
+    assert len(_hooks_at_last_priority()) == 1
+    alembic_ext.uninstall()
+    assert _hooks_at_last_priority() == []

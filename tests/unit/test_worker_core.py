@@ -1,0 +1,192 @@
+"""The worker's decisions, driven with a fake clock and fake rows: no database, no threads."""
+
+from __future__ import annotations
+
+import datetime as dt
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from sqlalchemy import MetaData
+
+from sqla_queue import Queue, RetryPolicy
+from sqla_queue.core.outcomes import OutcomeKind
+from sqla_queue.worker.core import Claim, Flush, Reclaim, Stop, Wait, WorkerCore
+from sqla_queue.worker.settings import WorkerSettings
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def queue() -> Queue:
+    q = Queue(metadata=MetaData(), lost_interval=20.0, max_reclaims=2)
+
+    @q.task(name="a", max_attempts=2, retry=RetryPolicy(min_delay=5, max_delay=5, jitter=0))
+    def a(x: int = 0) -> int:
+        return x
+
+    @q.task(name="b", lost_interval=4.0)
+    def b() -> None: ...
+
+    return q
+
+
+def row(job_id: int, task: str = "a", attempt: int = 1, reclaims: int = 0, **kw: Any) -> Any:
+    fields = {
+        "next_due": None,
+        "id": job_id,
+        "attempt": attempt,
+        "reclaims": reclaims,
+        "queue_id": None,
+        "task": task,
+        "payload": {"args": [], "kwargs": {}},
+        "max_attempts": 2,
+    }
+    fields.update(kw)
+    return SimpleNamespace(**fields)
+
+
+def empty(next_due: dt.datetime | None = None) -> Any:
+    return SimpleNamespace(next_due=next_due, id=None)
+
+
+def core_for(queue: Queue, **settings: Any) -> WorkerCore:
+    return WorkerCore(queue, WorkerSettings(**settings))
+
+
+def test_first_actions_are_reclaim_then_a_full_claim(queue: Queue) -> None:
+    core = core_for(queue, concurrency=8, batch_size=5)
+    assert core.next_action(0.0) == Reclaim()
+    assert core.next_action(0.0) == Claim(5)
+
+
+def test_intervals_derive_from_the_shortest_lease(queue: Queue) -> None:
+    core = core_for(queue)
+    assert core.heartbeat_interval == 1.0  # task b's 4 s lease / 4
+    assert core.reclaim_interval == 10.0
+    assert core.claim_params(3)["lease_map"] == '{"b": 4.0}'
+
+
+def test_partial_claim_sleeps_until_next_due_or_poll_interval(queue: Queue) -> None:
+    core = core_for(queue, concurrency=4, poll_interval=2.0)
+    core.next_action(0.0)  # reclaim
+    soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=0.5)
+    core.accept_claim([empty(soon)], 4, 0.0, lambda job: None)
+    action = core.next_action(0.0)
+    assert isinstance(action, Wait)
+    assert 0.3 < action.timeout <= 0.5
+    core.accept_claim([empty(None)], 4, 1.0, lambda job: None)
+    action = core.next_action(1.0)
+    assert action == Wait(2.0)
+
+
+def test_full_batch_polls_again_at_once_and_capacity_bounds_claims(queue: Queue) -> None:
+    core = core_for(queue, concurrency=3, batch_size=2)
+    core.next_action(0.0)
+    running = core.accept_claim([row(1), row(2)], 2, 0.0, lambda job: None)
+    assert len(running) == 2
+    assert core.next_action(0.0) == Claim(1)
+    core.accept_claim([row(3)], 1, 0.0, lambda job: None)
+    # Full: nothing to do until a handler reports back.
+    assert isinstance(core.next_action(0.0), Wait)
+    core.record(running[0], core.outcome_of_return(running[0], 7))
+    assert core.next_action(0.0) == Flush()
+    outcomes, params = core.take_outcomes()
+    assert [o.kind for o in outcomes] == [OutcomeKind.SUCCEEDED]
+    assert '"result": 7' in params["outcomes"]
+
+
+def test_failure_retries_with_policy_then_fails(queue: Queue) -> None:
+    core = core_for(queue)
+    core.next_action(0.0)
+    first, last = core.accept_claim(
+        [row(1, attempt=1), row(2, attempt=2)], 10, 0.0, lambda job: None
+    )
+    retry = core.outcome_of_error(first, ValueError("x"))
+    final = core.outcome_of_error(last, ValueError("x"))
+    assert (retry.kind, retry.delay) == (OutcomeKind.RETRY, 5)
+    assert final.kind is OutcomeKind.FAILED
+
+
+def test_poison_and_malformed_rows_fail_without_running(queue: Queue) -> None:
+    core = core_for(queue)
+    core.next_action(0.0)
+    runnable = core.accept_claim(
+        [row(1, reclaims=3), row(2, payload=["not", "an", "object"]), row(3)],
+        10,
+        0.0,
+        lambda job: None,
+    )
+    assert [r.job.id for r in runnable] == [3]
+    outcomes, _ = core.take_outcomes()
+    assert {o.job_id: o.kind for o in outcomes} == {
+        1: OutcomeKind.FAILED,
+        2: OutcomeKind.FAILED,
+    }
+    assert "lost 3 times" in outcomes[0].error["message"]  # type: ignore[index]
+    assert "malformed payload" in outcomes[1].error["message"]  # type: ignore[index]
+
+
+def test_burst_stops_only_after_an_empty_claim_with_nothing_running(queue: Queue) -> None:
+    core = WorkerCore(queue, WorkerSettings(concurrency=2), burst=True)
+    core.next_action(0.0)
+    (job,) = core.accept_claim([row(1)], 2, 0.0, lambda j: None)
+    assert core.next_action(0.0) == Claim(1)
+    core.accept_claim([empty()], 1, 0.0, lambda j: None)
+    assert isinstance(core.next_action(0.0), Wait)  # job 1 still runs
+    core.record(job, core.outcome_of_return(job, None))
+    assert core.next_action(0.0) == Flush()
+    outcomes, _ = core.take_outcomes()
+    core.completed(outcomes, [1])
+    # Finishing work may have made more eligible: one more claim before stopping.
+    assert core.next_action(0.0) == Claim(2)
+    core.accept_claim([empty()], 2, 0.0, lambda j: None)
+    assert core.next_action(0.0) == Stop()
+
+
+def test_shutdown_waits_then_releases_unfinished_jobs(queue: Queue) -> None:
+    core = core_for(queue, shutdown_timeout=10.0)
+    core.next_action(0.0)
+    done, stuck = core.accept_claim([row(1), row(2, attempt=1)], 10, 0.0, lambda j: None)
+    core.request_stop(100.0)
+    assert core.stop_flag.is_set()
+    assert core.next_action(101.0) == Wait(9.0)  # no claims while stopping
+    core.record(done, core.outcome_of_return(done, None))
+    assert core.next_action(102.0) == Flush()
+    core.completed(*_applied(core))
+    assert core.next_action(111.0) == Flush()  # timeout: release what still runs
+    outcomes, _ = core.take_outcomes()
+    assert [(o.job_id, o.kind) for o in outcomes] == [(2, OutcomeKind.RELEASE)]
+    core.completed(outcomes, [2])
+    # A handler that finishes after its release is ignored: the database has it back.
+    core.record(stuck, core.outcome_of_return(stuck, None))
+    assert core.next_action(112.0) == Stop()
+
+
+def _applied(core: WorkerCore) -> tuple[list[Any], list[int]]:
+    outcomes, _ = core.take_outcomes()
+    return outcomes, [o.job_id for o in outcomes]
+
+
+def test_fenced_outcomes_are_counted_not_applied(queue: Queue) -> None:
+    core = core_for(queue)
+    core.next_action(0.0)
+    a, b = core.accept_claim([row(1), row(2)], 10, 0.0, lambda j: None)
+    core.record(a, core.outcome_of_return(a, None))
+    core.record(b, core.outcome_of_return(b, None))
+    outcomes, _ = core.take_outcomes()
+    core.completed(outcomes, [1])
+    assert (core.stats["succeeded"], core.stats["fenced"]) == (1, 1)
+
+
+def test_failed_flush_keeps_outcomes_for_the_next_try(queue: Queue) -> None:
+    core = core_for(queue)
+    core.next_action(0.0)
+    (a,) = core.accept_claim([row(1)], 10, 0.0, lambda j: None)
+    core.record(a, core.outcome_of_return(a, None))
+    outcomes, _ = core.take_outcomes()
+    core.flush_failed(outcomes)
+    assert core.database_error(Flush(), RuntimeError("down"), 0.0) == pytest.approx(0.1)
+    assert core.database_error(Flush(), RuntimeError("down"), 0.0) == pytest.approx(0.2)
+    assert core.next_action(0.0) == Flush()
+    assert core.held() == ([1], [1])
