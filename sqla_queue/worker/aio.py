@@ -78,7 +78,9 @@ class AsyncWorker(WorkerBase):
                         continue
                     try:
                         if connection is None:
+                            # Each statement is its own transaction (see the sync face).
                             connection = await self.engine.connect()
+                            await connection.execution_options(isolation_level="AUTOCOMMIT")
                         await self._perform(connection, core, action, now, pool, make_context)
                     except DBAPIError as exc:
                         await _discard(connection)

@@ -71,7 +71,11 @@ class Worker(WorkerBase):
                         continue
                     try:
                         if connection is None:
-                            connection = self.engine.connect()
+                            # Each statement is its own transaction: no BEGIN/COMMIT
+                            # round trips around the one-statement claim and ack.
+                            connection = self.engine.connect().execution_options(
+                                isolation_level="AUTOCOMMIT"
+                            )
                         self._perform(
                             connection, core, action, now, pool, private_loop, make_context
                         )

@@ -131,3 +131,9 @@ def queue_objects(connection: Connection, prefix: str) -> list[tuple[str, str, s
         {"prefix": prefix},
     )
     return sorted((str(a), str(b), str(c)) for a, b, c in rows)
+
+
+def without_column_order(shot: Snapshot) -> Snapshot:
+    """``shot`` with column positions dropped: an upgrade appends columns a create may not."""
+    columns = [row[:2] + row[3:] for row in shot.get("columns", [])]
+    return {**shot, "columns": sorted(columns)}

@@ -7,20 +7,23 @@ PostgreSQL the same schema, whatever the schema, prefix and naming convention.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import pytest
 from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import MetaData
+from sqlalchemy import Connection, MetaData, text
+from sqlalchemy.orm import sessionmaker
 
-from alembic_ext import CreateQueueOp, DropQueueOp, versions
+from alembic_ext import CreateQueueOp, DropQueueOp, UpgradeQueueOp, versions
+from sqla_queue.core.payload import make_payload
 from sqla_queue.models.tables import SCHEMA_VERSION, build_tables
 from sqla_queue.schema.ddl import create_queue_schema
 from sqla_queue.schema.verify import inspect_schema
-from tests.migration.catalog import differences, queue_objects
+from tests.migration.catalog import differences, queue_objects, without_column_order
 from tests.migration.conftest import engine_for, schema_snapshot
-from tests.migration.hostapp.models import NAMING_CONVENTION
+from tests.migration.hostapp.models import NAMING_CONVENTION, queue
 
 pytestmark = pytest.mark.migration
 
@@ -74,3 +77,77 @@ def test_create_queue_equals_create_all_through_the_catalog(
         )
         assert queue_objects(connection, prefix) == []
     engine.dispose()
+
+
+def _seed_live_data(connection: Connection) -> None:
+    """A finished job, a pending one and a running one, written as the version-1 columns allow."""
+    payload = json.dumps(make_payload([5], {}))
+    connection.execute(
+        text(
+            "INSERT INTO work.sqla_queue_jobs (id, task, payload, max_attempts, scheduled_at, "
+            "status, finished_at) OVERRIDING SYSTEM VALUE VALUES "
+            "(1, 'mail_invoice', CAST(:p AS jsonb), 1, now(), 'succeeded', now()), "
+            "(2, 'mail_invoice', CAST(:p AS jsonb), 1, now(), 'queued', NULL), "
+            "(3, 'mail_invoice', CAST(:p AS jsonb), 1, now(), 'queued', NULL)"
+        ),
+        {"p": payload},
+    )
+    connection.execute(
+        text(
+            "INSERT INTO work.sqla_queue_job_executions "
+            "(id, task, priority, state, execute_at, attempt, worker_id, alive_at) VALUES "
+            "(2, 'mail_invoice', 0, 'pending', now(), 0, NULL, NULL), "
+            "(3, 'mail_invoice', 0, 'running', now(), 1, gen_random_uuid(), now())"
+        )
+    )
+
+
+_ROWS = text(
+    "SELECT j.id, j.status, e.state, e.attempt FROM work.sqla_queue_jobs j "
+    "LEFT JOIN work.sqla_queue_job_executions e ON e.id = j.id ORDER BY j.id"
+)
+
+
+@pytest.mark.parametrize("from_version", sorted(versions._STEPS))
+def test_each_step_keeps_live_data_and_lands_on_the_next_version(
+    new_db: Callable[[], str], from_version: int
+) -> None:
+    """Every released step, on a database with pending, running and finished jobs."""
+    to_version = from_version + 1
+    upgraded, fresh = new_db(), new_db()
+    engine = engine_for(upgraded)
+    with engine.begin() as connection:
+        operations = Operations(MigrationContext.configure(connection))
+        operations.invoke(CreateQueueOp("work", "sqla_queue_", version=from_version))
+        _seed_live_data(connection)
+        before = connection.execute(_ROWS).all()
+        operations.invoke(UpgradeQueueOp(from_version, to_version, "work", "sqla_queue_"))
+        assert connection.execute(_ROWS).all() == before
+    engine.dispose()
+    engine = engine_for(fresh)
+    with engine.begin() as connection:
+        Operations(MigrationContext.configure(connection)).invoke(
+            CreateQueueOp("work", "sqla_queue_", version=to_version)
+        )
+    engine.dispose()
+
+    assert (
+        differences(
+            without_column_order(schema_snapshot(upgraded)),
+            without_column_order(schema_snapshot(fresh)),
+        )
+        == []
+    )
+    if to_version == versions.LATEST_VERSION:
+        # The newest library's workers carry on with the rows from before the upgrade.
+        engine = engine_for(upgraded)
+        stats = queue.worker(
+            sessionmaker(engine), install_signal_handlers=False, poll_interval=0.05
+        ).run(burst=True)
+        engine.dispose()
+        assert stats is not None
+        engine = engine_for(upgraded)
+        with engine.connect() as connection:
+            rows = connection.execute(_ROWS).all()
+        engine.dispose()
+        assert [tuple(r)[:2] for r in rows] == [(1, "succeeded"), (2, "succeeded"), (3, "queued")]

@@ -204,7 +204,14 @@ def chaos(ctx: JobContext[Session], n: int, pause: float = 0.05) -> int:
     of the same job keeps the first result (the handler is idempotent, as the docs ask).
     """
     session = ctx.session
-    row_id = _log_start(session, ctx)
+    row_id = session.execute(
+        text(
+            "INSERT INTO execution_log (job_id, attempt, pid) "
+            "VALUES (:job, :attempt, :pid) RETURNING id"
+        ),
+        {"job": ctx.job_id, "attempt": ctx.attempt, "pid": os.getpid()},
+    ).scalar_one()
+    session.commit()
     if pause:
         time.sleep(pause)
     session.execute(

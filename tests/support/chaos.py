@@ -194,9 +194,18 @@ class WorkerFleet:
         self.start(slot)
         return life
 
-    def kill_random(self, rng: random.Random) -> WorkerLife:
-        """SIGKILL a random worker and replace it."""
-        return self.kill(rng.choice(sorted(self._procs)))
+    def kill_random(self, rng: random.Random) -> WorkerLife | None:
+        """SIGKILL a random working worker and replace it; ``None`` if none is working yet.
+
+        Only workers past their start-up (their SIGTERM handler is in place, so they are in
+        the run loop) are candidates: killing one that is still importing proves nothing.
+        """
+        working = [
+            slot
+            for slot, (proc, _) in sorted(self._procs.items())
+            if proc.poll() is None and catches_sigterm(proc.pid)
+        ]
+        return self.kill(rng.choice(working)) if working else None
 
     def replace_exited(self) -> list[WorkerLife]:
         """Restart workers that ended on their own (a bug: they should ride out faults)."""
@@ -371,9 +380,10 @@ def _drive(
             next_sweep_allowed = now + 1.5
             say(f"terminated {count} backends at {progress:.0%}")
         if now >= next_kill:
-            life = fleet.kill_random(rng)
-            next_kill = now + config.kill_every * rng.uniform(0.75, 1.25)
-            say(f"killed pid {life.pid} (slot {life.slot}) at {progress:.0%}")
+            killed = fleet.kill_random(rng)
+            if killed is not None:
+                next_kill = now + config.kill_every * rng.uniform(0.75, 1.25)
+                say(f"killed pid {killed.pid} (slot {killed.slot}) at {progress:.0%}")
         if now - last_report >= 10:
             last_report = now
             say(f"{total - remaining}/{total} final, {len(run.kills)} kills")
