@@ -3,9 +3,11 @@
 Alembic keeps all of these in process-wide registries. :func:`install` is idempotent, and
 :func:`uninstall` takes everything out again so that tests can start from a clean Alembic.
 
-The comparator goes into Alembic's global comparator dispatch, which every autogenerate run
-uses, at ``DispatchPriority.LAST`` on Alembic 1.18+ (after Alembic's own table comparison) and
-at the ``"schema"`` level on older releases (where comparators run in registration order).
+The comparator hooks go into Alembic's global comparator dispatch, which every autogenerate
+run uses. On Alembic 1.18+ one runs at ``DispatchPriority.FIRST`` (it hides the queue's
+tables from Alembic's own comparison) and one at ``DispatchPriority.LAST`` (it writes the
+queue operations); older releases run comparators in registration order, so there the one
+hook sits at the ``"schema"`` level after Alembic's table comparison.
 It is deliberately not an ``alembic.plugins`` entry point: Alembic runs a plugin's
 comparators only in environments that list the plugin in ``autogenerate_plugins`` (anywhere
 else the queue's tables would silently come out as ``create_table``), and it loads entry
@@ -24,7 +26,7 @@ from alembic.autogenerate.api import AutogenContext
 from alembic.operations import MigrateOperation, Operations
 from alembic.operations.ops import UpgradeOps
 
-from alembic_ext.compare import compare_queues
+from alembic_ext.compare import compare_queues, hide_queue_tables
 from alembic_ext.ops import (
     CreateQueueOp,
     DropQueueOp,
@@ -62,24 +64,47 @@ def _has_priority_dispatch() -> bool:
     return hasattr(util, "DispatchPriority")
 
 
-def _autogenerate_hook(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) -> Any:
+def _before_alembic(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) -> Any:
+    from alembic.util import PriorityDispatchResult  # type: ignore[attr-defined,unused-ignore]
+
+    hide_queue_tables(autogen_context, upgrade_ops)
+    return PriorityDispatchResult.CONTINUE
+
+
+def _after_alembic(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) -> Any:
     from alembic.util import PriorityDispatchResult  # type: ignore[attr-defined,unused-ignore]
 
     compare_queues(autogen_context, upgrade_ops)
     return PriorityDispatchResult.CONTINUE
 
 
-def _schema_hook(autogen_context: AutogenContext, upgrade_ops: UpgradeOps, schemas: Any) -> None:
+def _before_alembic_tables(
+    autogen_context: AutogenContext, upgrade_ops: UpgradeOps, schemas: Any
+) -> None:
+    hide_queue_tables(autogen_context, upgrade_ops)
+
+
+def _after_alembic_tables(
+    autogen_context: AutogenContext, upgrade_ops: UpgradeOps, schemas: Any
+) -> None:
     compare_queues(autogen_context, upgrade_ops)
 
 
-def _comparator_slot() -> tuple[tuple[Any, ...], Callable[..., Any]]:
-    """The key of the global comparator registry our hook lives under, and the hook."""
+def _hook_slots() -> list[tuple[tuple[Any, ...], Callable[..., Any]]]:
+    """Where in the global comparator registry each hook goes: (registry key, hook)."""
     if _has_priority_dispatch():
         from alembic.util import DispatchPriority  # type: ignore[attr-defined,unused-ignore]
 
-        return ("autogenerate", "default", DispatchPriority.LAST), _autogenerate_hook
-    return ("schema", "default"), _schema_hook
+        return [
+            (("autogenerate", "default", DispatchPriority.FIRST), _before_alembic),
+            (("autogenerate", "default", DispatchPriority.LAST), _after_alembic),
+        ]
+    # Older Alembic runs the "schema" comparators in list order; its own table comparison
+    # was registered first. _register_hooks puts the first hook in front of it.
+    return [
+        (("schema", "default"), _before_alembic_tables),
+        (("schema", "default"), _after_alembic_tables),
+    ]
 
 
 def _is_hook(entry: Any, hook: Callable[..., Any]) -> bool:
@@ -87,10 +112,18 @@ def _is_hook(entry: Any, hook: Callable[..., Any]) -> bool:
     return entry is hook or (isinstance(entry, tuple) and bool(entry) and entry[0] is hook)
 
 
-def _hook_registered() -> bool:
-    key, hook = _comparator_slot()
-    entries = comparators._registry.get(key, [])
-    return isinstance(entries, list) and any(_is_hook(entry, hook) for entry in entries)
+def _register_hooks() -> None:
+    for key, hook in _hook_slots():
+        entries = comparators._registry.get(key, [])
+        if isinstance(entries, list) and any(_is_hook(entry, hook) for entry in entries):
+            continue
+        if len(key) == 3:
+            comparators.dispatch_for(key[0], priority=key[2])(hook)  # type: ignore[call-arg,unused-ignore]
+        else:
+            comparators.dispatch_for(key[0])(hook)
+            if hook is _before_alembic_tables:
+                entries = comparators._registry[key]
+                entries.insert(0, entries.pop())
 
 
 def install() -> None:
@@ -108,18 +141,8 @@ def install() -> None:
                 Operations.implementation_for(op_class)(implementation)
             if (op_class, "default") not in renderers._registry:
                 renderers.dispatch_for(op_class)(renderer)
-        if not _hook_registered():
-            _register_hook()
+        _register_hooks()
         _state.installed = True
-
-
-def _register_hook() -> None:
-    if _has_priority_dispatch():
-        from alembic.util import DispatchPriority  # type: ignore[attr-defined,unused-ignore]
-
-        comparators.dispatch_for("autogenerate", priority=DispatchPriority.LAST)(_autogenerate_hook)
-    else:
-        comparators.dispatch_for("schema")(_schema_hook)
 
 
 def uninstall() -> None:
@@ -130,10 +153,10 @@ def uninstall() -> None:
                 delattr(Operations, name)
             Operations._to_impl._registry.pop((op_class, "default"), None)
             renderers._registry.pop((op_class, "default"), None)
-        key, hook = _comparator_slot()
-        entries = comparators._registry.get(key)
-        if isinstance(entries, list):
-            entries[:] = [entry for entry in entries if not _is_hook(entry, hook)]
+        for key, hook in _hook_slots():
+            entries = comparators._registry.get(key)
+            if isinstance(entries, list):
+                entries[:] = [entry for entry in entries if not _is_hook(entry, hook)]
         _state.installed = False
 
 

@@ -1,11 +1,11 @@
 """Autogenerate: the queue's tables belong to the queue operations, not to ``create_table``.
 
-The hook runs after Alembic's own comparison (``DispatchPriority.LAST`` on Alembic 1.18+, and
-registration order on older releases, where comparators run in the order they were added).
-By then Alembic has proposed ``create_table``/``add_column``/``create_index``... for every
-queue table, because the queue's tables sit in the host's metadata like any other. The hook
-removes those proposals and puts one queue operation in their place, chosen from the
-database's recorded schema version:
+The queue's tables sit in the host's metadata like any other, so left alone Alembic would
+propose ``create_table``/``add_column``/``create_index``... for them. Two hooks prevent that.
+:func:`hide_queue_tables` runs before Alembic's own comparison (Alembic 1.18+) and keeps the
+queue's tables out of it. :func:`compare_queues` runs after it, removes any proposal for a
+queue table that still got through (on older Alembic, all of them), and puts one queue
+operation in their place, chosen from the database's recorded schema version:
 
 * no queue tables: ``op.create_queue(..., version=<model version>)``;
 * an older version: ``op.upgrade_queue(from_version=<db>, to_version=<model>)``;
@@ -18,10 +18,12 @@ table: a queue whose tables they exclude gets no operation at all.
 
 from __future__ import annotations
 
+import logging
 import re
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from alembic.autogenerate.api import AutogenContext
 from alembic.operations import MigrateOperation
@@ -39,6 +41,7 @@ __all__ = [
     "QueueTarget",
     "compare_queues",
     "find_queues",
+    "hide_queue_tables",
     "plan_queue_op",
     "rewrite_upgrade_ops",
 ]
@@ -49,8 +52,12 @@ _VERSION_COMMENT = re.compile(r"^sqla_queue schema version (\d+)$")
 # Set on the UpgradeOps once handled, so that the hook registered twice (a reloaded module, a
 # hand-written plugin calling it too) still produces one queue operation.
 _DONE = "alembic_ext.queues_compared"
+# The queues taking part in this run, settled before Alembic's own comparison.
+_TARGETS = "alembic_ext.queue_targets"
 
 TableKey = tuple[str | None, str]
+
+log = logging.getLogger(__name__)
 
 
 class QueueSchemaWarning(UserWarning):
@@ -165,6 +172,9 @@ def plan_queue_op(
 
 
 def _included(autogen_context: AutogenContext, target: QueueTarget) -> bool:
+    default_schema = autogen_context.dialect.default_schema_name
+    # Alembic names the default schema None when it asks the filters; so do we.
+    schema_name = None if target.schema == default_schema else target.schema
     if (
         target.schema is not None
         and autogen_context.opts.get("include_schemas", False)
@@ -172,9 +182,7 @@ def _included(autogen_context: AutogenContext, target: QueueTarget) -> bool:
     ):
         return False
     for table in (target.jobs, target.executions):
-        if not autogen_context.run_name_filters(
-            table.name, "table", {"schema_name": target.schema}
-        ):
+        if not autogen_context.run_name_filters(table.name, "table", {"schema_name": schema_name}):
             return False
         if not autogen_context.run_object_filters(table, table.name, "table", False, None):
             return False
@@ -243,6 +251,53 @@ def rewrite_upgrade_ops(
     upgrade_ops.ops[:] = [*queue_ops, *rest, *drops]
 
 
+def _targets(autogen_context: AutogenContext) -> list[QueueTarget]:
+    return [t for t in find_queues(autogen_context.metadata) if _included(autogen_context, t)]
+
+
+def _owned_keys(targets: Sequence[QueueTarget], default_schema: str | None) -> set[TableKey]:
+    owned: set[TableKey] = set()
+    for target in targets:
+        schema = None if target.schema == default_schema else target.schema
+        owned |= {(schema, target.jobs.name), (schema, target.executions.name)}
+    return owned
+
+
+def hide_queue_tables(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) -> None:
+    """Before Alembic's own comparison: settle which queues take part, then hide their tables.
+
+    The host's filters decide first. Then two filters of our own keep Alembic from reflecting
+    and comparing the queue's tables at all, so it neither logs "Detected added table" for
+    them nor spends reflection queries on them. The filter lists are not public API; without
+    them, :func:`compare_queues` still removes Alembic's proposals afterwards.
+    """
+    if _TARGETS in upgrade_ops.info:
+        return
+    targets = _targets(autogen_context)
+    upgrade_ops.info[_TARGETS] = targets
+    default_schema = autogen_context.dialect.default_schema_name
+    hidden = _owned_keys(targets, default_schema)
+    if not hidden:
+        return
+
+    def key(schema: str | None, name: str | None) -> TableKey:
+        return (None if schema == default_schema else schema, str(name))
+
+    def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
+        return type_ != "table" or key(parent_names.get("schema_name"), name) not in hidden
+
+    def include_object(
+        obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+    ) -> bool:
+        return type_ != "table" or key(getattr(obj, "schema", None), name) not in hidden
+
+    name_filters = getattr(autogen_context, "_name_filters", None)
+    object_filters = getattr(autogen_context, "_object_filters", None)
+    if isinstance(name_filters, list) and isinstance(object_filters, list):
+        name_filters.append(include_name)
+        object_filters.append(include_object)
+
+
 def compare_queues(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) -> None:
     """Replace Alembic's proposals for queue tables with queue operations (see module doc)."""
     if upgrade_ops.info.get(_DONE):
@@ -252,19 +307,17 @@ def compare_queues(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) -> 
     if connection is None:
         return
     default_schema = autogen_context.dialect.default_schema_name
-    targets = [t for t in find_queues(autogen_context.metadata) if _included(autogen_context, t)]
+    targets: list[QueueTarget] = upgrade_ops.info.get(_TARGETS) or _targets(autogen_context)
 
-    owned: set[TableKey] = set()
     queue_ops: list[MigrateOperation] = []
     for target in targets:
-        schema = None if target.schema == default_schema else target.schema
-        owned |= {(schema, target.jobs.name), (schema, target.executions.name)}
         report = inspect_schema(connection, target.tables)
         jobs_exists = not any(
             m.kind == "table" and m.table == target.jobs.name for m in report.missing
         )
         op = plan_queue_op(target, report.version, jobs_table_exists=jobs_exists)
         if op is not None:
+            log.info("Detected sqla_queue change: %r", op)
             queue_ops.append(op)
         elif report.version == target.version and not report.ok:
             listing = "; ".join(report.problems(target.schema))
@@ -275,4 +328,6 @@ def compare_queues(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) -> 
                 QueueSchemaWarning,
                 stacklevel=2,
             )
-    rewrite_upgrade_ops(upgrade_ops, queue_ops, owned, default_schema)
+    rewrite_upgrade_ops(
+        upgrade_ops, queue_ops, _owned_keys(targets, default_schema), default_schema
+    )

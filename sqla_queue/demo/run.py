@@ -408,7 +408,7 @@ def _check(engine: Engine, placed: _Placed, processed: _Processed) -> list[_Chec
             "  rolled back",
             f"{rolled_back:,}",
             declined_rows == 0,
-            "card declined; no order, job or email left"
+            "card declined; nothing left behind"
             if declined_rows == 0
             else f"card declined; {declined_rows} rows left behind",
         ),

@@ -23,6 +23,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     Table,
     Text,
     Uuid,
@@ -124,6 +125,9 @@ def build_tables(
         Column("finished_at", DateTime(timezone=True), nullable=True),
         CheckConstraint(f"status IN ({_in(JobStatus.ALL)})", name=conv(f"{jobs_name}_status_ck")),
         CheckConstraint("max_attempts >= 1", name=conv(f"{jobs_name}_max_attempts_ck")),
+        # Named as PostgreSQL would, and protected from the host's naming convention, so
+        # create_all and the migration ops agree on it.
+        PrimaryKeyConstraint("id", name=conv(f"{jobs_name}_pkey")),
         schema=schema,
         comment="sqla_queue: durable record of every job",
     )
@@ -161,6 +165,7 @@ def build_tables(
         CheckConstraint(
             f"state IN ({_in(ExecutionState.ALL)})", name=conv(f"{exec_name}_state_ck")
         ),
+        PrimaryKeyConstraint("id", name=conv(f"{exec_name}_pkey")),
         schema=schema,
         comment=schema_version_comment(SCHEMA_VERSION),
         # Claims and heartbeats rewrite rows in place; free space on the page lets

@@ -29,7 +29,11 @@ __all__ = [
 ]
 
 _DIALECT = PGDialect()  # type: ignore[no-untyped-call]
-_CAST = re.compile(r"::[a-z_][a-z0-9_ ]*?(\[\])?(?=[\s),]|$)")
+# Casts that pg_get_indexdef adds to literals, e.g. 'x'::text, 'y'::character varying(20).
+_CAST = re.compile(
+    r"::(?:character varying|double precision|time(?:stamp)? with(?:out)? time zone"
+    r"|[a-z_][a-z0-9_.]*)(?:\(\d+(?:,\s*\d+)?\))?(?:\[\])?"
+)
 _SPACES = re.compile(r"\s+")
 # SQLAlchemy's spelling on the left, PostgreSQL's format_type() spelling on the right.
 _TYPE_ALIASES = {

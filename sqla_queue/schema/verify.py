@@ -166,7 +166,13 @@ def verify_schema(connection: Connection, tables: QueueTables) -> None:
     if report.ok:
         return
     version = report.version
-    found = "no queue tables" if version is None else f"schema version {version}"
+    tables_missing = sum(obj.kind == "table" for obj in report.missing)
+    if version is not None:
+        found = f"schema version {version}"
+    elif tables_missing == 2:
+        found = "no queue tables"
+    else:
+        found = "an incomplete queue (no executions table, so no recorded version)"
     problems = report.problems(tables.schema)
     listing = "\n".join(f"  - {line}" for line in problems)
     hint = ""

@@ -14,11 +14,24 @@ the same thing for longer). What this test expects:
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
 
-from tests.support.chaos import ChaosConfig, run_chaos, summary, verify_chaos
+from tests.support.app import ExecutionLog, queue, slow_first
+from tests.support.chaos import (
+    ChaosConfig,
+    catches_sigterm,
+    run_chaos,
+    summary,
+    verify_chaos,
+)
+from tests.support.processes import start_worker
+from tests.support.running import wait_for
 
 pytestmark = pytest.mark.acceptance
 
@@ -40,3 +53,59 @@ def test_chaos_drain_loses_nothing_and_reruns_only_what_was_killed(
     assert len(run.kills) >= 5
     assert report.extra_by_kill > 0, "no SIGKILL landed on a running job"
     assert report.log_counts["database error"] > 0, "no worker noticed a cut connection"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="reclaim_interval defaults to half the queue's lost_interval, not the shortest "
+    "lease of the worker's tasks: a 1 s lease is swept only every 15 s",
+)
+def test_a_running_worker_recovers_a_killed_workers_job_within_its_lease(
+    db_url: str, SessionLocal: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """A SIGKILLed worker's job is taken over by a worker that is already running (not only
+    by one that starts later and sweeps at start-up), within its task's lost interval plus a
+    sweep interval."""
+    lease = slow_first.task_options.lost_interval
+    assert lease == 1.0
+    with SessionLocal.begin() as session:
+        job_id = slow_first.enqueue(session, seconds=60)
+    args = ["--tasks", "slow_first", "--poll-interval", "0.2"]
+    log = tmp_path / "workers.log"
+    victim = start_worker(db_url, *args, log_path=log)
+    survivor = None
+    try:
+        wait_for(lambda: _started(SessionLocal, job_id), timeout=60)
+        survivor = start_worker(db_url, *args, log_path=log)
+        # Past its start-up sweep, which found the victim's job alive.
+        wait_for(lambda: catches_sigterm(survivor.pid), timeout=60)
+        time.sleep(0.5)
+        victim.kill()
+        victim.wait()
+        killed_at = time.monotonic()
+        wait_for(lambda: _status(SessionLocal, job_id) == "succeeded", timeout=30)
+        recovery = time.monotonic() - killed_at
+        survivor.send_signal(signal.SIGTERM)
+        assert survivor.wait(timeout=30) == 0, log.read_text()
+    finally:
+        for proc in (victim, survivor):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    print(f"recovered {recovery:.1f}s after SIGKILL")
+    # The lease, a sweep interval of half of it, and a margin for a busy machine.
+    assert recovery < lease * 1.5 + 2.0, recovery
+
+
+def _started(factory: sessionmaker[Session], job_id: int) -> bool:
+    with factory() as session:
+        count = session.scalar(
+            select(func.count()).select_from(ExecutionLog).where(ExecutionLog.job_id == job_id)
+        )
+    return bool(count)
+
+
+def _status(factory: sessionmaker[Session], job_id: int) -> str | None:
+    with factory() as session:
+        jobs = queue.tables.jobs
+        return session.scalar(select(jobs.c.status).where(jobs.c.id == job_id))

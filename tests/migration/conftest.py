@@ -20,6 +20,9 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from alembic_ext import versions
+from alembic_ext.versions import v1
+from alembic_ext.versions._names import Names
 from sqla_queue.testing.databases import DatabaseFactory
 from tests.migration.catalog import Snapshot, snapshot
 from tests.migration.hostapp.models import QUEUE_SCHEMA, queue
@@ -169,3 +172,40 @@ def create_all_snapshot(db_factory: DatabaseFactory) -> Snapshot:
         return schema_snapshot(url)
     finally:
         db_factory.drop(url)
+
+
+@pytest.fixture
+def made_up_v2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A made-up schema version 2 (a nullable column and an index), for one test only.
+
+    It exercises the machinery that the real version 2 will use: the step runs on live data,
+    rewrites the version comment, and reverses.
+    """
+    tables = frozenset({"jobs", "job_executions"})
+
+    def upgrade(schema: str | None, prefix: str) -> list[str]:
+        names = Names(schema, prefix, tables)
+        return [
+            names.render("ALTER TABLE {job_executions} ADD COLUMN slot integer"),
+            names.render(
+                "CREATE UNIQUE INDEX {job_executions_slot_uq} ON {job_executions} (task, slot) "
+                "WHERE state = 'running' AND slot IS NOT NULL"
+            ),
+            names.render("COMMENT ON TABLE {job_executions} IS 'sqla_queue schema version 2'"),
+        ]
+
+    def downgrade(schema: str | None, prefix: str) -> list[str]:
+        names = Names(schema, prefix, tables)
+        return [
+            names.render("DROP INDEX {schema}.{job_executions_slot_uq}")
+            if schema
+            else names.render("DROP INDEX {job_executions_slot_uq}"),
+            names.render("ALTER TABLE {job_executions} DROP COLUMN slot"),
+            names.render("COMMENT ON TABLE {job_executions} IS 'sqla_queue schema version 1'"),
+        ]
+
+    def create(schema: str | None, prefix: str) -> list[str]:
+        return v1.create_statements(schema, prefix) + upgrade(schema, prefix)
+
+    monkeypatch.setitem(versions._RELEASES, 2, versions._Release(create, v1.drop_statements))
+    monkeypatch.setitem(versions._STEPS, 1, versions._Step(upgrade, downgrade))

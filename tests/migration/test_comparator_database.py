@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,10 +15,8 @@ from sqlalchemy import Column, Connection, Integer, MetaData, Table, func, inser
 from sqlalchemy.engine import Engine
 
 import alembic_ext
-from alembic_ext import CreateQueueOp, DropQueueOp, UpgradeQueueOp, versions
+from alembic_ext import CreateQueueOp, DropQueueOp, UpgradeQueueOp, _registration, versions
 from alembic_ext.compare import QueueSchemaWarning
-from alembic_ext.versions import v1
-from alembic_ext.versions._names import Names
 from sqla_queue.models.tables import QueueTables, build_tables
 from sqla_queue.schema.verify import find_missing
 from tests.migration.conftest import engine_for
@@ -70,6 +69,31 @@ def test_empty_database_gets_one_create_queue_first_and_the_host_table(engine: E
     assert ops[0] == CreateQueueOp(None, "sqla_queue_", version=versions.LATEST_VERSION)
     assert table_names(ops) == {"accounts"}
     assert sum(isinstance(op, CreateQueueOp) for op in ops) == 1
+
+
+def test_alembic_never_sees_the_queue_tables(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    metadata, _ = host_metadata(("work", "sqla_queue_"))
+    with caplog.at_level(logging.INFO, logger="alembic"), engine.connect() as connection:
+        ops = autogenerate(connection, metadata, include_schemas=True)
+    assert ops[0] == CreateQueueOp("work", "sqla_queue_", version=1)
+    alembic_said = [r.getMessage() for r in caplog.records if r.name.startswith("alembic.")]
+    assert any("'accounts'" in line for line in alembic_said)
+    assert not any("sqla_queue_" in line for line in alembic_said)
+
+
+def test_proposals_that_get_past_the_hiding_hook_are_still_replaced(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As on Alembic < 1.18 or if Alembic drops its filter lists: the second hook suffices."""
+    monkeypatch.setattr(_registration, "hide_queue_tables", lambda *args: None)
+    metadata, _ = host_metadata(("work", "sqla_queue_"))
+    with caplog.at_level(logging.INFO, logger="alembic"), engine.connect() as connection:
+        ops = autogenerate(connection, metadata, include_schemas=True)
+    assert any("sqla_queue_jobs" in r.getMessage() for r in caplog.records)  # Alembic saw it
+    assert ops[0] == CreateQueueOp("work", "sqla_queue_", version=1)
+    assert table_names(ops) == {"accounts"}
 
 
 def test_without_alembic_ext_alembic_would_create_the_queue_tables_itself(
@@ -148,38 +172,6 @@ def test_a_queue_removed_from_the_metadata_is_dropped_by_drop_queue(
     assert table_names(ops) == {"accounts"}
 
 
-def _fake_v2(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Register a made-up version 2 (one nullable column and an index), for this test only."""
-    tables = frozenset({"jobs", "job_executions"})
-
-    def upgrade(schema: str | None, prefix: str) -> list[str]:
-        names = Names(schema, prefix, tables)
-        return [
-            names.render("ALTER TABLE {job_executions} ADD COLUMN slot integer"),
-            names.render(
-                "CREATE UNIQUE INDEX {job_executions_slot_uq} ON {job_executions} (task, slot) "
-                "WHERE state = 'running' AND slot IS NOT NULL"
-            ),
-            names.render("COMMENT ON TABLE {job_executions} IS 'sqla_queue schema version 2'"),
-        ]
-
-    def downgrade(schema: str | None, prefix: str) -> list[str]:
-        names = Names(schema, prefix, tables)
-        return [
-            names.render("DROP INDEX {schema}.{job_executions_slot_uq}")
-            if schema
-            else names.render("DROP INDEX {job_executions_slot_uq}"),
-            names.render("ALTER TABLE {job_executions} DROP COLUMN slot"),
-            names.render("COMMENT ON TABLE {job_executions} IS 'sqla_queue schema version 1'"),
-        ]
-
-    def create(schema: str | None, prefix: str) -> list[str]:
-        return v1.create_statements(schema, prefix) + upgrade(schema, prefix)
-
-    monkeypatch.setitem(versions._RELEASES, 2, versions._Release(create, v1.drop_statements))
-    monkeypatch.setitem(versions._STEPS, 1, versions._Step(upgrade, downgrade))
-
-
 def _seed(connection: Connection, tables: QueueTables) -> None:
     """A finished job, a pending and a running execution."""
     jobs, executions = tables.jobs, tables.executions
@@ -212,10 +204,8 @@ def _rows(connection: Connection, tables: QueueTables) -> list[tuple[Any, ...]]:
     return [tuple(row) for row in connection.execute(query)]
 
 
-def test_an_older_database_gets_upgrade_queue_and_keeps_its_rows(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _fake_v2(monkeypatch)
+@pytest.mark.usefixtures("made_up_v2")
+def test_an_older_database_gets_upgrade_queue_and_keeps_its_rows(engine: Engine) -> None:
     metadata, [tables] = host_metadata(("work", "sqla_queue_"))
     tables.executions.info["sqla_queue"]["schema_version"] = 2  # a model one release ahead
     with engine.begin() as connection:

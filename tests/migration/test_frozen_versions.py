@@ -113,6 +113,32 @@ def test_each_step_keeps_live_data_and_lands_on_the_next_version(
     new_db: Callable[[], str], from_version: int
 ) -> None:
     """Every released step, on a database with pending, running and finished jobs."""
+    check_step(new_db, from_version)
+
+
+@pytest.mark.usefixtures("made_up_v2")
+def test_the_step_check_catches_a_step_that_loses_rows(
+    new_db: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check above, run on a made-up step: it passes, and fails once the step loses rows."""
+    monkeypatch.setattr(versions, "LATEST_VERSION", 2)  # so the worker part runs too
+    check_step(new_db, 1)
+
+    honest = versions._STEPS[1]
+    lossy = versions._Step(
+        upgrade=lambda schema, prefix: [
+            *honest.upgrade(schema, prefix),
+            "DELETE FROM work.sqla_queue_job_executions WHERE state = 'running'",
+        ],
+        downgrade=honest.downgrade,
+    )
+    monkeypatch.setitem(versions._STEPS, 1, lossy)
+    with pytest.raises(AssertionError):
+        check_step(new_db, 1)
+
+
+def check_step(new_db: Callable[[], str], from_version: int) -> None:
+    """Upgrade a live install one step; rows survive, the schema is the next version's."""
     to_version = from_version + 1
     upgraded, fresh = new_db(), new_db()
     engine = engine_for(upgraded)
@@ -141,12 +167,9 @@ def test_each_step_keeps_live_data_and_lands_on_the_next_version(
     if to_version == versions.LATEST_VERSION:
         # The newest library's workers carry on with the rows from before the upgrade.
         engine = engine_for(upgraded)
-        stats = queue.worker(
-            sessionmaker(engine), install_signal_handlers=False, poll_interval=0.05
-        ).run(burst=True)
-        engine.dispose()
-        assert stats is not None
-        engine = engine_for(upgraded)
+        queue.worker(sessionmaker(engine), install_signal_handlers=False, poll_interval=0.05).run(
+            burst=True
+        )
         with engine.connect() as connection:
             rows = connection.execute(_ROWS).all()
         engine.dispose()

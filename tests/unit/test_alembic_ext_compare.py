@@ -8,6 +8,7 @@ proposals are pure functions; the database-backed run is in tests/migration. The
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from alembic.autogenerate import comparators
@@ -24,7 +25,7 @@ from sqlalchemy import Column, Integer, MetaData, Table
 
 import alembic_ext
 from alembic_ext import CreateQueueOp, DropQueueOp, UpgradeQueueOp
-from alembic_ext._registration import _comparator_slot
+from alembic_ext._registration import _hook_slots
 from alembic_ext.compare import (
     QueueSchemaWarning,
     QueueTarget,
@@ -33,6 +34,7 @@ from alembic_ext.compare import (
     rewrite_upgrade_ops,
 )
 from sqla_queue.models.tables import build_tables
+from sqla_queue.schema.manifest import index_shape, normalize_type
 
 pytestmark = pytest.mark.unit
 
@@ -200,18 +202,80 @@ def test_other_drops_are_left_as_alembic_proposed(ops: list[MigrateOperation]) -
 # -- registration ----------------------------------------------------------------------------
 
 
-def _hooks_at_last_priority() -> list[object]:
-    """Our hooks at the slot that runs after Alembic's own comparison (LAST, or "schema")."""
-    key, _hook = _comparator_slot()
-    entries = comparators._registry.get(key, [])
-    functions = [entry[0] if isinstance(entry, tuple) else entry for entry in entries]
-    return [fn for fn in functions if fn.__module__ == "alembic_ext._registration"]
+def _our_hooks() -> dict[tuple[Any, ...], list[str]]:
+    """Our hooks in Alembic's global comparator registry, by registry key."""
+    found: dict[tuple[Any, ...], list[str]] = {}
+    for key, entries in comparators._registry.items():
+        for entry in entries if isinstance(entries, list) else []:
+            fn = entry[0] if isinstance(entry, tuple) else entry
+            if fn.__module__ == "alembic_ext._registration":
+                found.setdefault(key, []).append(fn.__name__)
+    return found
 
 
-def test_the_hook_runs_after_alembics_own_comparison_and_only_once(clean_alembic: None) -> None:
-    assert _hooks_at_last_priority() == []
+def test_hooks_sit_before_and_after_alembics_own_comparison_once(clean_alembic: None) -> None:
+    assert _our_hooks() == {}
     alembic_ext.install()
     alembic_ext.install()
-    assert len(_hooks_at_last_priority()) == 1
+    expected: dict[tuple[Any, ...], list[str]] = {}
+    for slot, hook in _hook_slots():
+        expected.setdefault(slot, []).append(hook.__name__)
+    assert _our_hooks() == expected
+    if len(expected) == 2:  # Alembic 1.18+: FIRST hides the queue tables, LAST writes the ops
+        assert {slot[2].name for slot in expected} == {"FIRST", "LAST"}
+    else:  # older Alembic: one list, run in order, with Alembic's table comparison between
+        [(slot, names)] = expected.items()
+        entries = comparators._registry[slot]
+        assert entries[0].__name__ == names[0] and entries[-1].__name__ == names[-1]
+        assert len(entries) > 2
     alembic_ext.uninstall()
-    assert _hooks_at_last_priority() == []
+    assert _our_hooks() == {}
+
+
+# -- shapes that verification compares --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("from_sqlalchemy", "from_postgresql"),
+    [
+        (
+            "CREATE UNIQUE INDEX u ON s.t (queue_id) WHERE state = 'running' AND "
+            "queue_id IS NOT NULL",
+            "CREATE UNIQUE INDEX u ON s.t USING btree (queue_id) "
+            "WHERE ((state = 'running'::text) AND (queue_id IS NOT NULL))",
+        ),
+        (
+            "CREATE INDEX c ON t (priority DESC, execute_at, id) WHERE state = 'pending'",
+            "CREATE INDEX c ON public.t USING btree (priority DESC, execute_at, id) "
+            "WHERE (state = 'pending'::text)",
+        ),
+        (
+            "CREATE INDEX v ON t (a) WHERE b = 'x'",
+            "CREATE INDEX v ON t USING btree (a) WHERE ((b)::text = 'x'::character varying(20))",
+        ),
+    ],
+)
+def test_index_shapes_agree_across_both_spellings(
+    from_sqlalchemy: str, from_postgresql: str
+) -> None:
+    assert index_shape(from_sqlalchemy) == index_shape(from_postgresql)
+
+
+def test_index_shapes_tell_uniqueness_and_predicates_apart() -> None:
+    unique = index_shape("CREATE UNIQUE INDEX u ON t USING btree (q) WHERE (s = 'running'::text)")
+    plain = index_shape("CREATE INDEX u ON t USING btree (q) WHERE (s = 'running'::text)")
+    other = index_shape("CREATE UNIQUE INDEX u ON t USING btree (q) WHERE (s = 'pending'::text)")
+    assert len({unique, plain, other}) == 3
+
+
+@pytest.mark.parametrize(
+    ("sqlalchemy", "postgresql"),
+    [
+        ("BIGINT", "bigint"),
+        ("TIMESTAMP WITH TIME ZONE", "timestamp with time zone"),
+        ("VARCHAR(20)", "character varying(20)"),
+        ("DOUBLE PRECISION", "double precision"),
+    ],
+)
+def test_column_types_are_compared_in_postgresql_spelling(sqlalchemy: str, postgresql: str) -> None:
+    assert normalize_type(sqlalchemy) == normalize_type(postgresql) == postgresql

@@ -1,0 +1,74 @@
+"""The benchmark's host application: a business table, a queue beside it, no-op handlers.
+
+Worker processes import this module, so the handlers and the queue are the same objects
+in the producer and in every worker.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import Integer, MetaData
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from sqla_queue import Queue
+
+__all__ = [
+    "ANOOP",
+    "NOOP",
+    "STAMP",
+    "STARTS",
+    "Base",
+    "Order",
+    "queue",
+    "quiet_queue",
+]
+
+NOOP = "bench.noop"
+ANOOP = "bench.anoop"
+STAMP = "bench.stamp"
+
+#: Handler start times (``time.monotonic()``, one clock for every process on the machine)
+#: of the latency scenario, by the job's ``seq`` argument.
+STARTS: dict[int, float] = {}
+
+
+class Base(DeclarativeBase):
+    """The host application's declarative base."""
+
+
+class Order(Base):
+    """A business row: the single-enqueue scenario writes one per transaction."""
+
+    __tablename__ = "bench_orders"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    total: Mapped[int] = mapped_column(Integer)
+
+
+def _noop(n: int = 0) -> None:
+    """A handler that does nothing: the benchmark measures the queue, not the work."""
+
+
+async def _anoop(n: int = 0) -> None:
+    """The ``async def`` twin of the no-op handler, for the async worker."""
+
+
+def _stamp(seq: int) -> None:
+    """Record when the handler of job number ``seq`` started."""
+    STARTS[seq] = time.monotonic()
+
+
+def _register(target: Queue) -> None:
+    target.task(name=NOOP)(_noop)
+    target.task(name=ANOOP)(_anoop)
+    target.task(name=STAMP)(_stamp)
+
+
+#: The queue as an application would declare it: NOTIFY on enqueue.
+queue = Queue(Base)
+_register(queue)
+
+#: The same tables seen through a queue that never sends NOTIFY (the poll-only runs).
+quiet_queue = Queue(metadata=MetaData(), notify=False)
+_register(quiet_queue)

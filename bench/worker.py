@@ -1,0 +1,280 @@
+"""One benchmark process: a worker of one contender, or a producer of business transactions.
+
+Started by the scenarios as ``python -m bench.worker ROLE SYSTEM ...``. It sets itself up
+(imports, engine, first connection), prints ``READY``, waits for ``GO`` on stdin, works,
+and prints one JSON line: its peak RSS and whatever the role measured.
+
+Roles:
+
+* ``drain``: process jobs until none is left (sqla_queue ``run(burst=True)``, PgQueuer
+  ``mode=drain``, the bare loops until an empty claim);
+* ``idle``: wait for jobs until SIGTERM (the latency scenario);
+* ``produce``: run ``--count`` business transactions, each inserting an order and
+  enqueueing one job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import resource
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from bench import app, baseline
+
+SYSTEMS = ("sqla-sync", "sqla-async", "pgqueuer", "bare", "bare-min")
+PRODUCERS = ("host-only", "sqla", "sqla-quiet", "bare", "pgqueuer")
+PGQ_CHANNEL = "ch_pgqueuer"
+
+
+def _handshake() -> None:
+    print("READY", flush=True)
+    if sys.stdin.readline().strip() != "GO":
+        sys.exit(3)
+
+
+def _report(**values: Any) -> None:
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"maxrss_mb": peak_kb / 1024, **values}), flush=True)
+
+
+def _stop_on_sigterm() -> threading.Event:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    return stop
+
+
+# -- sqla_queue -------------------------------------------------------------------------------
+
+
+def run_sqla_sync(args: argparse.Namespace) -> None:
+    """The sync worker, built the way ``sqla-queue worker`` builds it."""
+    target = app.quiet_queue if args.quiet else app.queue
+    engine = create_engine(args.url, pool_size=2)
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
+    worker = target.worker(
+        sessionmaker(engine),
+        concurrency=args.concurrency,
+        tasks=[args.task],
+        poll_interval=args.poll_interval,
+        listen=not args.quiet,
+    )
+    _handshake()
+    stats = worker.run(burst=args.role == "drain")
+    engine.dispose()
+    _report(claimed=stats.claimed, starts=app.STARTS)
+
+
+def run_sqla_async(args: argparse.Namespace) -> None:
+    """The asyncio worker, built the way ``sqla-queue worker --async`` builds it."""
+    from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
+
+    target = app.quiet_queue if args.quiet else app.queue
+
+    async def main() -> int:
+        engine = create_async_engine(args.url, pool_size=2)
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+        worker = target.async_worker(
+            async_sessionmaker(engine),
+            concurrency=args.concurrency,
+            tasks=[args.task],
+            poll_interval=args.poll_interval,
+            listen=not args.quiet,
+        )
+        _handshake()
+        stats = await worker.run(burst=args.role == "drain")
+        await engine.dispose()
+        return stats.claimed
+
+    claimed = asyncio.run(main())
+    _report(claimed=claimed, starts=app.STARTS)
+
+
+# -- PgQueuer ---------------------------------------------------------------------------------
+
+
+def run_pgqueuer(args: argparse.Namespace) -> None:
+    """PgQueuer's QueueManager on one asyncpg connection, as its docs set it up."""
+    import asyncpg
+    from pgqueuer.db import AsyncpgDriver
+    from pgqueuer.models import Job
+    from pgqueuer.qm import QueueManager
+    from pgqueuer.queries import Queries
+    from pgqueuer.types import QueueExecutionMode
+
+    async def main() -> None:
+        conn = await asyncpg.connect(args.dsn)
+        qm = QueueManager(Queries(AsyncpgDriver(conn)))
+
+        if args.task == app.STAMP:
+
+            @qm.entrypoint(app.STAMP)
+            async def stamp(job: Job) -> None:
+                app.STARTS[int(job.payload or b"0")] = time.monotonic()
+
+        else:
+
+            @qm.entrypoint(args.task)
+            async def noop(job: Job) -> None:
+                return None
+
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, qm.shutdown.set)
+        _handshake()
+        mode = QueueExecutionMode.drain if args.role == "drain" else QueueExecutionMode.continuous
+        await qm.run(batch_size=args.concurrency, mode=mode)
+        await conn.close()
+
+    asyncio.run(main())
+    _report(starts=app.STARTS)
+
+
+# -- bare SQL ---------------------------------------------------------------------------------
+
+
+def _bare_handler(task: str) -> Any:
+    if task == app.STAMP:
+        return lambda seq: app.STARTS.__setitem__(seq, time.monotonic())
+    return lambda **_: None
+
+
+def run_bare(args: argparse.Namespace) -> None:
+    """The bare psycopg loops of :mod:`bench.baseline`."""
+    handler = _bare_handler(args.task)
+    if args.role == "drain":
+        _handshake()
+        last = baseline.drain(
+            args.dsn, flavour=args.system, task=args.task, batch=args.concurrency, handler=handler
+        )
+        _report(last_done=last)
+        return
+    stop = _stop_on_sigterm()
+    _handshake()
+    baseline.listen_and_run(
+        args.dsn,
+        channel=app.queue.tables.notify_channel,
+        task=args.task,
+        batch=args.concurrency,
+        handler=handler,
+        stop=stop.is_set,
+    )
+    _report(starts=app.STARTS)
+
+
+# -- producers ----------------------------------------------------------------------------------
+
+
+def run_producer(args: argparse.Namespace) -> None:
+    """``--count`` business transactions: one order row and (but for host-only) one job."""
+    kind = args.system
+    if kind == "pgqueuer":
+        _produce_pgqueuer(args)
+        return
+    if kind == "bare":
+        _produce_bare(args)
+        return
+    engine = create_engine(args.url, pool_size=1)
+    SessionLocal = sessionmaker(engine)
+    target = app.quiet_queue if kind == "sqla-quiet" else app.queue
+    noop = target.get_task(app.NOOP)
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
+    _handshake()
+    start = time.monotonic()
+    for i in range(args.count):
+        with SessionLocal.begin() as session:
+            session.add(app.Order(total=i))
+            if kind != "host-only":
+                noop.enqueue(session, n=i)
+    end = time.monotonic()
+    engine.dispose()
+    _report(start=start, end=end)
+
+
+def _produce_bare(args: argparse.Namespace) -> None:
+    import psycopg
+
+    with psycopg.connect(args.dsn) as conn:
+        _handshake()
+        start = time.monotonic()
+        for i in range(args.count):
+            with conn.transaction():
+                conn.execute("INSERT INTO bench_orders (total) VALUES (%s)", (i,))
+                conn.execute(
+                    baseline.ENQUEUE_ONE_NOTIFY,
+                    {
+                        "task": app.NOOP,
+                        "payload": baseline.payload(n=i),
+                        "channel": app.queue.tables.notify_channel,
+                    },
+                )
+        end = time.monotonic()
+    _report(start=start, end=end)
+
+
+def _produce_pgqueuer(args: argparse.Namespace) -> None:
+    import asyncpg
+    from pgqueuer.db import AsyncpgDriver
+    from pgqueuer.queries import Queries
+
+    async def main() -> tuple[float, float]:
+        conn = await asyncpg.connect(args.dsn)
+        queries = Queries(AsyncpgDriver(conn))
+        _handshake()
+        start = time.monotonic()
+        for i in range(args.count):
+            async with conn.transaction():
+                await conn.execute("INSERT INTO bench_orders (total) VALUES ($1)", i)
+                await queries.enqueue(app.NOOP, str(i).encode())
+        end = time.monotonic()
+        await conn.close()
+        return start, end
+
+    start, end = asyncio.run(main())
+    _report(start=start, end=end)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("role", choices=("drain", "idle", "produce"))
+    parser.add_argument("system", choices=sorted(set(SYSTEMS) | set(PRODUCERS)))
+    parser.add_argument("--url", required=True, help="SQLAlchemy URL of the scratch database")
+    parser.add_argument("--dsn", required=True, help="the same database as a libpq URI")
+    parser.add_argument("--concurrency", type=int, default=10, help="concurrency and batch")
+    parser.add_argument("--task", default=app.NOOP)
+    parser.add_argument("--poll-interval", type=float, default=1.0)
+    parser.add_argument("--quiet", action="store_true", help="no NOTIFY, no LISTEN")
+    parser.add_argument("--count", type=int, default=1000, help="transactions to produce")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run one process of a scenario."""
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    args = parse_args(argv)
+    if args.role == "produce":
+        run_producer(args)
+    elif args.system == "sqla-sync":
+        run_sqla_sync(args)
+    elif args.system == "sqla-async":
+        run_sqla_async(args)
+    elif args.system == "pgqueuer":
+        run_pgqueuer(args)
+    else:
+        run_bare(args)
+
+
+if __name__ == "__main__":
+    main()
