@@ -70,6 +70,7 @@ class QueueTarget:
 
     jobs: Table
     executions: Table
+    limits: Table
     schema: str | None
     prefix: str
     version: int
@@ -78,7 +79,11 @@ class QueueTarget:
     def tables(self) -> QueueTables:
         """The queue's tables in the shape ``sqla_queue.schema`` expects."""
         return QueueTables(
-            jobs=self.jobs, executions=self.executions, schema=self.schema, prefix=self.prefix
+            jobs=self.jobs,
+            executions=self.executions,
+            limits=self.limits,
+            schema=self.schema,
+            prefix=self.prefix,
         )
 
 
@@ -95,6 +100,7 @@ def _target(tables: QueueTables) -> QueueTarget:
     return QueueTarget(
         jobs=tables.jobs,
         executions=tables.executions,
+        limits=tables.limits,
         schema=tables.schema,
         prefix=tables.prefix,
         version=int(info.get("schema_version", versions.LATEST_VERSION)),
@@ -120,11 +126,15 @@ def find_queues(metadata: MetaData | Sequence[MetaData] | None) -> list[QueueTar
                 key = (info.get("schema"), str(info.get("prefix")))
                 tagged.setdefault(key, {})[str(info["role"])] = table
         for (schema, prefix), roles in tagged.items():
-            if (schema, prefix) in found or not {"jobs", "executions"} <= roles.keys():
+            if (schema, prefix) in found or not {"jobs", "executions", "limits"} <= roles.keys():
                 continue
             found[(schema, prefix)] = _target(
                 QueueTables(
-                    jobs=roles["jobs"], executions=roles["executions"], schema=schema, prefix=prefix
+                    jobs=roles["jobs"],
+                    executions=roles["executions"],
+                    limits=roles["limits"],
+                    schema=schema,
+                    prefix=prefix,
                 )
             )
     return list(found.values())
@@ -259,7 +269,7 @@ def _owned_keys(targets: Sequence[QueueTarget], default_schema: str | None) -> s
     owned: set[TableKey] = set()
     for target in targets:
         schema = None if target.schema == default_schema else target.schema
-        owned |= {(schema, target.jobs.name), (schema, target.executions.name)}
+        owned |= {(schema, t.name) for t in (target.jobs, target.executions, target.limits)}
     return owned
 
 

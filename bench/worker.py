@@ -42,9 +42,25 @@ def _handshake() -> None:
         sys.exit(3)
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set size in MB.
+
+    ``VmHWM`` belongs to the process's own address space. ``ru_maxrss`` would not do: Linux
+    carries it over from the parent across fork and exec, so every child would report at
+    least the size of the benchmark runner.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _report(**values: Any) -> None:
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"maxrss_mb": peak_kb / 1024, **values}), flush=True)
+    print(json.dumps({"maxrss_mb": peak_rss_mb(), **values}), flush=True)
 
 
 def _stop_on_sigterm() -> threading.Event:

@@ -11,9 +11,9 @@ import re
 
 from sqla_queue.errors import InvalidIdentifierError
 
-# PostgreSQL truncates identifiers at 63 bytes; the longest suffix we append is 23 characters.
+# PostgreSQL truncates identifiers at 63 bytes; the prefix must leave room for our suffixes.
 _MAX_IDENTIFIER = 63
-LONGEST_SUFFIX = len("job_executions_claim_ix")
+LONGEST_SUFFIX = len("job_executions_queue_running_uq")
 _SQL_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _TASK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]*$")
 MAX_TASK_NAME = 200

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from alembic_ext.versions import v1
+from alembic_ext.versions import v1, v1_to_v2, v2
 
 __all__ = [
     "LATEST_VERSION",
@@ -39,9 +39,12 @@ class _Step:
 
 _RELEASES: dict[int, _Release] = {
     v1.VERSION: _Release(v1.create_statements, v1.drop_statements),
+    v2.VERSION: _Release(v2.create_statements, v2.drop_statements),
 }
 # _STEPS[n] goes from version n to n + 1.
-_STEPS: dict[int, _Step] = {}
+_STEPS: dict[int, _Step] = {
+    v1_to_v2.FROM_VERSION: _Step(v1_to_v2.upgrade_statements, v1_to_v2.downgrade_statements),
+}
 
 LATEST_VERSION = max(_RELEASES)
 

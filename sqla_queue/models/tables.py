@@ -47,7 +47,7 @@ DEFAULT_PREFIX = "sqla_queue_"
 
 #: The schema version that these models describe. Each released version is frozen in
 #: ``alembic_ext`` so that an old migration never changes meaning.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _VERSION_COMMENT = "sqla_queue schema version {}"
 
@@ -81,6 +81,7 @@ class QueueTables:
 
     jobs: Table
     executions: Table
+    limits: Table
     schema: str | None
     prefix: str
 
@@ -162,6 +163,10 @@ def build_tables(
         Column("worker_id", Uuid, nullable=True),
         Column("alive_at", DateTime(timezone=True), nullable=True),
         Column("lease_seconds", Double, nullable=True),
+        # The capacity seat (0..limit-1) of an execution of a concurrency-limited task.
+        # It is kept while the execution runs and across a reclaim, and cleared when the
+        # job goes back to pending for any other reason.
+        Column("slot", Integer, nullable=True),
         CheckConstraint(
             f"state IN ({_in(ExecutionState.ALL)})", name=conv(f"{exec_name}_state_ck")
         ),
@@ -201,11 +206,38 @@ def build_tables(
         unique=True,
         postgresql_where=running & executions.c.queue_id.is_not(None),
     )
-    tables = QueueTables(jobs=jobs, executions=executions, schema=schema, prefix=prefix)
+    # Capacity slots: two claims of one seat collide here even when neither can see the
+    # other's uncommitted row, which a count read from a snapshot never could.
+    Index(
+        conv(f"{exec_name}_slot_uq"),
+        executions.c.task,
+        executions.c.slot,
+        unique=True,
+        postgresql_where=executions.c.slot.is_not(None),
+    )
+
+    limits_name = f"{prefix}task_limits"
+    limits = Table(
+        limits_name,
+        metadata,
+        Column("task", Text, nullable=False),
+        Column("concurrency_limit", Integer, nullable=False),
+        Column(
+            "updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")
+        ),
+        PrimaryKeyConstraint("task", name=conv(f"{limits_name}_pkey")),
+        CheckConstraint("concurrency_limit >= 1", name=conv(f"{limits_name}_limit_ck")),
+        schema=schema,
+        comment="sqla_queue: concurrency limit per task, shared by every worker",
+    )
+    tables = QueueTables(
+        jobs=jobs, executions=executions, limits=limits, schema=schema, prefix=prefix
+    )
     # Tooling (alembic_ext's comparator, verification) finds the queue's tables here
     # without importing the host's Queue object.
     info = {"schema_version": SCHEMA_VERSION, "prefix": prefix, "schema": schema}
     jobs.info["sqla_queue"] = {**info, "role": "jobs"}
     executions.info["sqla_queue"] = {**info, "role": "executions"}
+    limits.info["sqla_queue"] = {**info, "role": "limits"}
     metadata.info.setdefault("sqla_queue", []).append(tables)
     return tables

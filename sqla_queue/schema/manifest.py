@@ -130,4 +130,6 @@ def constraint_kind(contype: str) -> str:
 
 def required_objects(tables: QueueTables) -> list[RequiredObject]:
     """Every table, column, index and named constraint the queue needs, sorted."""
-    return sorted(_objects_of(tables.jobs) + _objects_of(tables.executions))
+    return sorted(
+        _objects_of(tables.jobs) + _objects_of(tables.executions) + _objects_of(tables.limits)
+    )

@@ -126,7 +126,7 @@ def _found_shape(kind: str, detail: str | None) -> str:
 def inspect_schema(connection: Connection, tables: QueueTables) -> SchemaReport:
     """Run the catalog query and compare the result with the manifest."""
     required = required_objects(tables)
-    names = sorted({tables.jobs.name, tables.executions.name})
+    names = sorted({tables.jobs.name, tables.executions.name, tables.limits.name})
     rows = connection.execute(CATALOG_QUERY, {"schema": tables.schema, "tables": names}).all()
     found: dict[tuple[str, str, str], str] = {}
     version: int | None = None
