@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
-from sqlalchemy import MetaData, Select
+from sqlalchemy import MetaData, Select, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
@@ -30,11 +31,25 @@ if TYPE_CHECKING:
     from sqla_queue.worker.context import JobContext
     from sqla_queue.worker.sync import Worker
 
-__all__ = ["Queue"]
+__all__ = ["Queue", "TaskLimit"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 Bind = Session | Connection | AsyncSession | AsyncConnection
+
+
+@dataclass(frozen=True)
+class TaskLimit:
+    """A task's concurrency limit: the default declared in code, the stored override."""
+
+    task: str
+    declared: int | None
+    stored: int | None
+
+    @property
+    def effective(self) -> int | None:
+        """The limit workers apply: the stored value, else the declared one."""
+        return self.stored if self.stored is not None else self.declared
 
 
 class Queue:
@@ -122,6 +137,7 @@ class Queue:
         retry: RetryPolicy | None = None,
         lost_interval: float | None = None,
         max_reclaims: int | None = None,
+        concurrency_limit: int | None = None,
         pass_context: Literal[False] = False,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
@@ -137,6 +153,7 @@ class Queue:
         retry: RetryPolicy | None = None,
         lost_interval: float | None = None,
         max_reclaims: int | None = None,
+        concurrency_limit: int | None = None,
         pass_context: Literal[True],
     ) -> Callable[[Callable[Concatenate[JobContext[Any], P], R]], Task[P, R]]: ...
 
@@ -151,6 +168,7 @@ class Queue:
         retry: RetryPolicy | None = None,
         lost_interval: float | None = None,
         max_reclaims: int | None = None,
+        concurrency_limit: int | None = None,
         pass_context: bool = False,
     ) -> Any:
         """Register a ``def`` or ``async def`` handler as a task.
@@ -159,6 +177,8 @@ class Queue:
         name defaults to ``module.qualname`` of the function; give ``name=`` to keep it
         stable across refactors, since stored jobs refer to it. With ``pass_context=True``
         the handler receives a :class:`~sqla_queue.JobContext` as its first argument.
+        ``concurrency_limit=N`` caps the executions running at once across all workers
+        (see :meth:`set_limit` to change it at runtime).
         """
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
@@ -172,6 +192,7 @@ class Queue:
                 raise ValueError("max_attempts must be at least 1")
             if lost_interval is not None and lost_interval <= 0:
                 raise ValueError("lost_interval must be positive")
+            _check_limit(concurrency_limit, allow_none=True)
             options = TaskOptions(
                 name=task_name,
                 priority=priority,
@@ -180,6 +201,7 @@ class Queue:
                 lost_interval=lost_interval,
                 max_reclaims=max_reclaims,
                 pass_context=pass_context,
+                concurrency_limit=concurrency_limit,
             )
             handle: Task[Any, Any] = Task(self, func, options)
             self._tasks[task_name] = handle
@@ -406,6 +428,44 @@ class Queue:
             return len(ids)
         return _count(ids)
 
+    def set_limit(self, session: Session | Connection, task: str, limit: int | None) -> None:
+        """Store the concurrency limit of ``task``, for every worker, without a restart.
+
+        The stored value wins over the one declared with ``@queue.task(concurrency_limit=)``;
+        ``None`` removes it, so the declared value (or no limit) applies again. Runs in
+        ``session``'s transaction. A changed value applies at the next claim; a limit on a
+        task that had none reaches running workers within their maintenance interval (5 s
+        by default).
+        """
+        validate_task_name(task)
+        _check_limit(limit, allow_none=True)
+        connection = session.connection() if isinstance(session, Session) else session
+        if limit is None:
+            connection.execute(statements.delete_limit_statement(self.tables), {"task": task})
+        else:
+            connection.execute(
+                statements.set_limit_statement(self.tables),
+                {"task": task, "concurrency_limit": limit},
+            )
+
+    def limits(self, session: Session | Connection) -> dict[str, TaskLimit]:
+        """Every limit that applies: declared in code, stored in the database, or both."""
+        connection = session.connection() if isinstance(session, Session) else session
+        stored = dict(
+            connection.execute(
+                select(self.tables.limits.c.task, self.tables.limits.c.concurrency_limit)
+            ).all()
+        )
+        declared = {
+            name: t.task_options.concurrency_limit
+            for name, t in self._tasks.items()
+            if t.task_options.concurrency_limit is not None
+        }
+        return {
+            name: TaskLimit(name, declared.get(name), stored.get(name))
+            for name in sorted(set(stored) | set(declared))
+        }
+
     def worker(self, session_factory: sessionmaker[Session], **settings: Any) -> Worker:
         """A worker that runs handlers in threads, from the app's own ``sessionmaker``.
 
@@ -425,6 +485,13 @@ class Queue:
         from sqla_queue.worker.settings import WorkerSettings
 
         return AsyncWorker(self, session_factory, WorkerSettings(**settings))
+
+
+def _check_limit(limit: int | None, *, allow_none: bool) -> None:
+    if limit is None and allow_none:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"a concurrency limit must be a whole number >= 1, got {limit!r}")
 
 
 async def _first(ids: Coroutine[Any, Any, list[int]]) -> int:

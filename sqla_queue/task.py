@@ -41,6 +41,9 @@ class TaskOptions:
     max_reclaims: int | None = None
     #: Pass a :class:`~sqla_queue.JobContext` as the handler's first argument.
     pass_context: bool = False
+    #: At most this many executions of the task run at once, across all workers. The
+    #: value stored with ``queue.set_limit`` wins over this default.
+    concurrency_limit: int | None = None
 
 
 @dataclass(frozen=True)

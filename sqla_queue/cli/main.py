@@ -81,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _pool_size(args: argparse.Namespace) -> int:
+    # The run loop, the heartbeater and one per handler (its ctx.session): a smaller pool
+    # would open and close a connection for nearly every job.
+    return int(args.concurrency) + 3
+
+
 def _run_worker(args: argparse.Namespace) -> int:
     queue = load_queue(args.queue)
     url = database_url(args.url)
@@ -95,7 +101,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
         async def run_async() -> None:
-            engine = create_async_engine(url, pool_size=2)
+            engine = create_async_engine(url, pool_size=_pool_size(args))
             try:
                 worker = queue.async_worker(async_sessionmaker(engine), **settings)
                 await worker.run(burst=args.burst)
@@ -106,7 +112,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         return 0
     from sqlalchemy.orm import sessionmaker
 
-    engine = create_engine(url, pool_size=2)
+    engine = create_engine(url, pool_size=_pool_size(args))
     try:
         queue.worker(sessionmaker(engine), **settings).run(burst=args.burst)
     finally:

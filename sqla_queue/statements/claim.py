@@ -1,8 +1,9 @@
 """The claim: one statement that picks, locks, marks and returns a batch of executions.
 
-Parameters: ``tasks`` (text[] of the worker's task names), ``batch`` (int), ``worker``
-(uuid), ``lease`` (default lost interval, seconds) and ``lease_map`` (jsonb text mapping a
-task name to its own lost interval; ``'{}'`` when none differs).
+Parameters of both shapes: ``tasks`` (text[] of the worker's task names), ``batch`` (int),
+``worker`` (uuid), ``lease`` (default lost interval, seconds) and ``lease_map`` (jsonb text
+mapping a task name to its own lost interval; ``'{}'`` when none differs). The limited shape
+adds ``limit_map`` (jsonb text: the concurrency limits declared in code, by task name).
 """
 
 from __future__ import annotations
@@ -10,20 +11,26 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import (
+    CTE,
+    ColumnElement,
     Double,
     Integer,
     Select,
     Text,
     Uuid,
+    all_,
+    and_,
     any_,
     bindparam,
     cast,
     exists,
     func,
+    literal_column,
     or_,
     select,
     true,
     tuple_,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
@@ -34,50 +41,69 @@ from sqla_queue.statements._common import PENDING, RUNNING
 __all__ = ["claim_statement"]
 
 
-def claim_statement(tables: QueueTables) -> Select[*tuple[Any, ...]]:
+def _claimable(tables: QueueTables, row: Any, tasks: ColumnElement[Any]) -> list[Any]:
+    """Due, pending, one of ``tasks``, and the head of its queue_id if it has one.
+
+    A row with a ``queue_id`` is a candidate only when no active row of the same queue_id
+    comes before it in ``(execute_at, id)``. Running rows count as predecessors, so the next
+    job of a key waits for the running one to finish.
+    """
+    p = tables.executions.alias("p")
+    is_head = ~exists().where(
+        p.c.queue_id == row.c.queue_id,
+        tuple_(p.c.execute_at, p.c.id) < tuple_(row.c.execute_at, row.c.id),
+    )
+    return [
+        row.c.state == PENDING,
+        row.c.execute_at <= func.now(),
+        row.c.task == tasks,
+        or_(row.c.queue_id.is_(None), is_head),
+    ]
+
+
+def _claim_order(row: Any) -> tuple[Any, ...]:
+    return (row.c.priority.desc(), row.c.execute_at, row.c.id)
+
+
+def claim_statement(tables: QueueTables, *, limited: bool = False) -> Select[*tuple[Any, ...]]:
     """Build the claim statement for ``tables``.
 
     Shape, in one round trip:
 
     ```sql
-        WITH candidates AS (SELECT id ... ORDER BY priority DESC, execute_at, id
-                            LIMIT :batch FOR UPDATE OF e SKIP LOCKED),
-             claimed    AS (UPDATE executions SET state='running', ... RETURNING ...),
-             next_due   AS (SELECT min(execute_at) ... WHERE execute_at > now())
-        SELECT next_due.at, claimed.*, jobs.payload ...
-        FROM next_due LEFT JOIN (claimed JOIN jobs) ON true
+    WITH candidates AS (SELECT id ... ORDER BY priority DESC, execute_at, id
+                        LIMIT :batch FOR UPDATE OF e SKIP LOCKED),
+         claimed    AS (UPDATE executions SET state='running', ... RETURNING ...),
+         next_due   AS (SELECT min(execute_at) ... WHERE execute_at > now())
+    SELECT next_due.at, claimed.*, jobs.payload ...
+    FROM next_due LEFT JOIN (claimed JOIN jobs) ON true
     ```
 
     The outer join always yields one row, so an empty claim still reports when the next
     job falls due and an idle poller can sleep exactly until then.
 
-    A row with a ``queue_id`` is a candidate only when no active row of the same queue_id
-    comes before it in ``(execute_at, id)``: the head of its queue. Running rows count as
-    predecessors, so the next job of a key waits for the running one to finish.
+    With ``limited``, fresh claims of tasks that have a concurrency limit (declared in code
+    or stored in the limits table) take a capacity slot; see :func:`_limited_picks`. A
+    worker none of whose tasks is limited uses the plain shape, which is the version-1
+    statement unchanged.
     """
     ex = tables.executions
     jobs = tables.jobs
-    e = ex.alias("e")
-    p = ex.alias("p")
     tasks = bindparam("tasks", type_=ARRAY(Text))
-
-    is_head = ~exists().where(
-        p.c.queue_id == e.c.queue_id,
-        tuple_(p.c.execute_at, p.c.id) < tuple_(e.c.execute_at, e.c.id),
-    )
-    candidates = (
-        select(e.c.id)
-        .where(
-            e.c.state == PENDING,
-            e.c.execute_at <= func.now(),
-            e.c.task == any_(tasks),
-            or_(e.c.queue_id.is_(None), is_head),
+    if limited:
+        picks, slot = _limited_picks(tables, tasks)
+        extra = {"slot": slot}
+    else:
+        e = ex.alias("e")
+        picks = (
+            select(e.c.id)
+            .where(*_claimable(tables, e, any_(tasks)))
+            .order_by(*_claim_order(e))
+            .limit(bindparam("batch", type_=Integer))
+            .with_for_update(of=e, skip_locked=True)
+            .cte("candidates")
         )
-        .order_by(e.c.priority.desc(), e.c.execute_at, e.c.id)
-        .limit(bindparam("batch", type_=Integer))
-        .with_for_update(of=e, skip_locked=True)
-        .cte("candidates")
-    )
+        extra = {}
     lease = func.coalesce(
         cast(
             func.jsonb_extract_path_text(
@@ -89,13 +115,14 @@ def claim_statement(tables: QueueTables) -> Select[*tuple[Any, ...]]:
     )
     claimed = (
         update(ex)
-        .where(ex.c.id == candidates.c.id)
+        .where(ex.c.id == picks.c.id)
         .values(
             state=RUNNING,
             worker_id=bindparam("worker", type_=Uuid),
             alive_at=func.now(),
             attempt=ex.c.attempt + 1,
             lease_seconds=lease,
+            **extra,
         )
         .returning(ex.c.id, ex.c.attempt, ex.c.reclaims, ex.c.queue_id)
         .cte("claimed")
@@ -115,3 +142,139 @@ def claim_statement(tables: QueueTables) -> Select[*tuple[Any, ...]]:
         jobs.c.payload,
         jobs.c.max_attempts,
     ).select_from(next_due.outerjoin(claimed.join(jobs, jobs.c.id == claimed.c.id), true()))
+
+
+def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[Any]]:
+    """The picks of a claim that respects concurrency limits, and each pick's slot.
+
+    * ``room``: per limited task, its limit (the stored one, else the one declared in
+      code), the running executions without a slot (claimed before version 2: the count
+      gate), the slots held, and the free capacity. Read from this statement's snapshot,
+      so it can be stale by an in-flight claim: that is what the slot index is for.
+    * ``open_candidates``: unlimited tasks, plus executions that already hold a slot (a
+      reclaimed job keeps its seat, so recovery is never gated).
+    * ``gated_candidates``: per limited task, at most its free capacity of fresh rows. The
+      capacity filter comes before the LIMIT, so a full task never fills the batch with
+      rows it may not run and starve the rest.
+    * ``seats``: the k-th free slot for the k-th fresh pick of a task. The search covers
+      only ``legacy + held + batch`` numbers, never a limit-sized series, so a claim costs
+      the same at limit 10 and at limit 5000. Slots start at ``legacy``: with running
+      rows that hold no slot, fewer seats exist, and the unique index still sees every
+      seat that is taken.
+    """
+    ex = tables.executions
+    limits = tables.limits
+    batch = bindparam("batch", type_=Integer)
+    declared = cast(bindparam("limit_map", type_=Text), JSONB)
+
+    t = func.unnest(tasks).table_valued("task").render_derived(name="t")
+    limit = func.coalesce(
+        limits.c.concurrency_limit,
+        cast(func.jsonb_extract_path_text(declared, t.c.task), Integer),
+    )
+    stated = (
+        select(t.c.task, limit.label("lim"))
+        .select_from(t.outerjoin(limits, limits.c.task == t.c.task))
+        .cte("stated_limits")
+    )
+    r = ex.alias("r")
+    legacy = (
+        select(func.count())
+        .where(r.c.task == stated.c.task, r.c.state == RUNNING, r.c.slot.is_(None))
+        .scalar_subquery()
+    )
+    h = ex.alias("h")
+    held = (
+        select(func.coalesce(func.array_agg(h.c.slot), literal_column("'{}'::integer[]")))
+        .where(h.c.task == stated.c.task, h.c.slot.is_not(None))
+        .scalar_subquery()
+    )
+    usage = (
+        select(stated.c.task, stated.c.lim, legacy.label("legacy"), held.label("held"))
+        .where(stated.c.lim.is_not(None))
+        .subquery("usage")
+    )
+    room = select(
+        usage,
+        func.greatest(usage.c.lim - usage.c.legacy - func.cardinality(usage.c.held), 0).label(
+            "free"
+        ),
+    ).cte("room")
+
+    e = ex.alias("e")
+    open_candidates = (
+        select(e.c.id, e.c.priority, e.c.execute_at, e.c.task, e.c.slot)
+        .where(
+            *_claimable(tables, e, any_(tasks)),
+            or_(e.c.slot.is_not(None), ~exists().where(room.c.task == e.c.task)),
+        )
+        .order_by(*_claim_order(e))
+        .limit(batch)
+        .with_for_update(of=e, skip_locked=True)
+        .cte("open_candidates")
+    )
+    g = ex.alias("g")
+    fresh = (
+        select(g.c.id, g.c.priority, g.c.execute_at, g.c.task, g.c.slot)
+        .where(*_claimable(tables, g, room.c.task), g.c.slot.is_(None))
+        .order_by(*_claim_order(g))
+        .limit(func.least(room.c.free, batch))
+        .with_for_update(of=g, skip_locked=True)
+        .lateral("fresh")
+    )
+    gated_candidates = (
+        select(fresh)
+        .select_from(room.join(fresh, true()))
+        .where(room.c.free > 0)
+        .cte("gated_candidates")
+    )
+    both = union_all(select(open_candidates), select(gated_candidates)).subquery("both_")
+    picked = select(both).order_by(*_claim_order(both)).limit(batch).cte("picked")
+    numbered = select(
+        picked.c.id,
+        picked.c.task,
+        picked.c.slot,
+        func.row_number()
+        .over(
+            partition_by=(picked.c.task, picked.c.slot.is_(None)),
+            order_by=_claim_order(picked),
+        )
+        .label("k"),
+    ).cte("numbered")
+    s = (
+        func.generate_series(
+            room.c.legacy,
+            func.least(room.c.lim, room.c.legacy + func.cardinality(room.c.held) + batch) - 1,
+        )
+        .table_valued("seat")
+        .render_derived(name="s")
+        .lateral()
+    )
+    seats = (
+        select(
+            room.c.task,
+            s.c.seat,
+            func.row_number().over(partition_by=room.c.task, order_by=s.c.seat).label("k"),
+        )
+        .select_from(room.join(s, true()))
+        .where(s.c.seat != all_(room.c.held))
+        .cte("seats")
+    )
+    slot = func.coalesce(numbered.c.slot, seats.c.seat)
+    assigned = (
+        select(numbered.c.id, slot.label("slot"))
+        .select_from(
+            numbered.outerjoin(
+                seats,
+                and_(
+                    seats.c.task == numbered.c.task,
+                    seats.c.k == numbered.c.k,
+                    numbered.c.slot.is_(None),
+                ),
+            )
+        )
+        # Belt and braces: a limited task's row without a seat is never claimed.
+        .where(or_(slot.is_not(None), ~exists().where(room.c.task == numbered.c.task)))
+        .cte("assigned")
+    )
+    return assigned, assigned.c.slot

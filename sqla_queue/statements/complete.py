@@ -102,6 +102,9 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
             state=PENDING,
             worker_id=null(),
             alive_at=null(),
+            # Back to pending for a reason of its own: its next run is a fresh claim that
+            # takes a seat again (only a reclaim keeps the seat).
+            slot=null(),
             execute_at=next_run,
             attempt=case(
                 (outcome.c.kind == state_literal(OutcomeKind.RETRY.value), ex.c.attempt),

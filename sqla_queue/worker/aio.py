@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, a
 
 from sqla_queue.worker.background import sync_engine_from_url
 from sqla_queue.worker.base import RunStats, WorkerBase, bound_engine
-from sqla_queue.worker.core import Claim, Flush, Reclaim, Stop, Wait, WorkerCore, _Running
+from sqla_queue.worker.core import Claim, Flush, Maintain, Stop, Wait, WorkerCore, _Running
 from sqla_queue.worker.handlers import HandlerPool, run_async_handler, run_sync_handler
 from sqla_queue.worker.settings import WorkerSettings
 from sqla_queue.worker.signals import graceful_signals
@@ -103,7 +103,7 @@ class AsyncWorker(WorkerBase):
         self,
         connection: AsyncConnection,
         core: WorkerCore,
-        action: Claim | Flush | Reclaim,
+        action: Claim | Flush | Maintain,
         now: float,
         pool: HandlerPool,
         make_context: Any,
@@ -125,10 +125,9 @@ class AsyncWorker(WorkerBase):
             for running in core.accept_claim(rows, action.size, now, make_context):
                 self._dispatch(core, running, pool)
         else:
-            result = await connection.execute(core.reclaim_statement, core.reclaim_params())
-            rows = result.all()
-            await connection.commit()
-            core.reclaimed(rows)
+            for step in core.maintenance():
+                result = await connection.execute(step.statement, step.params)
+                step.done(result.all())
 
     def _dispatch(self, core: WorkerCore, running: _Running, pool: HandlerPool) -> None:
         if core.tasks[running.job.task].is_async:

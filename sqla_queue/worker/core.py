@@ -32,7 +32,7 @@ from sqla_queue.worker.settings import WorkerSettings
 __all__ = [
     "Claim",
     "Flush",
-    "Reclaim",
+    "Maintain",
     "Stop",
     "Wait",
     "WorkerCore",
@@ -59,8 +59,17 @@ class Claim:
 
 
 @dataclass(frozen=True)
-class Reclaim:
-    """Return lost executions of dead workers to pending."""
+class Maintain:
+    """Periodic upkeep: reclaim lost executions, re-read the stored limits."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One statement of a :class:`Maintain` action and what to do with its rows."""
+
+    statement: Any
+    params: dict[str, Any]
+    done: Callable[[Sequence[Any]], None]
 
 
 @dataclass(frozen=True)
@@ -75,7 +84,7 @@ class Stop:
     """Leave the run loop."""
 
 
-Action = Flush | Claim | Reclaim | Wait | Stop
+Action = Flush | Claim | Maintain | Wait | Stop
 
 
 @dataclass
@@ -119,8 +128,20 @@ class WorkerCore:
         self.lease_default = float(queue.lost_interval)
         shortest = min([self.lease_default, *leases.values()])
         self.heartbeat_interval = settings.heartbeat_interval or shortest / 4
-        self.reclaim_interval = settings.reclaim_interval or self.lease_default / 2
-        self.claim_statement = statements.claim_statement(queue.tables)
+        # Also how often stored limits are re-read, so a new limit applies within seconds.
+        self.reclaim_interval = settings.reclaim_interval or min(self.lease_default / 2, 5.0)
+        self.declared_limits = {
+            name: t.task_options.concurrency_limit
+            for name, t in self.tasks.items()
+            if t.task_options.concurrency_limit is not None
+        }
+        # Until the stored limits are read, assume a limit can apply whenever one is
+        # declared; the first maintenance step settles it before the first claim.
+        self.limited = bool(self.declared_limits)
+        self.stored_limits: set[str] = set()
+        self._claim_plain = statements.claim_statement(queue.tables)
+        self._claim_limited = statements.claim_statement(queue.tables, limited=True)
+        self._limits_statement = statements.limited_tasks_statement(queue.tables)
         self.complete_statement = statements.complete_statement(queue.tables)
         self.heartbeat_statement = statements.heartbeat_statement(queue.tables)
         self.reclaim_statement = statements.reclaim_statement(queue.tables)
@@ -129,6 +150,7 @@ class WorkerCore:
             "worker": self.worker_id,
             "lease": self.lease_default,
             "lease_map": json.dumps(leases),
+            "limit_map": json.dumps(self.declared_limits),
         }
         self.listen = queue.notify if settings.listen is None else settings.listen
         self.stop_flag = threading.Event()
@@ -188,7 +210,7 @@ class WorkerCore:
                 return Stop()
         if now >= self._next_reclaim:
             self._next_reclaim = now + self.reclaim_interval
-            return Reclaim()
+            return Maintain()
         free = self.settings.concurrency - running
         if free > 0 and now >= self._next_poll:
             return Claim(min(free, self.settings.claim_batch))
@@ -200,6 +222,17 @@ class WorkerCore:
         return Wait(max(0.0, min(deadline - now, self.settings.poll_interval)))
 
     # -- claims ------------------------------------------------------------------------------
+
+    def _is_limited(self, task: str) -> bool:
+        return task in self.declared_limits or task in self.stored_limits
+
+    @property
+    def claim_statement(self) -> Any:
+        """The claim to run now: slot-aware only while one of this worker's tasks is limited.
+
+        A worker without limited tasks runs the plain claim, the version-1 statement.
+        """
+        return self._claim_limited if self.limited else self._claim_plain
 
     def claim_params(self, size: int) -> dict[str, Any]:
         """Parameters of the claim statement for a batch of ``size``."""
@@ -337,8 +370,9 @@ class WorkerCore:
                 return
             del self._running[running.job.id]
             self._outcomes.append(outcome)
-        if running.job.queue_id is not None:
-            # The next job of this key may be claimable now.
+        if running.job.queue_id is not None or self._is_limited(running.job.task):
+            # The flush that comes first frees this key or this seat: the next job of the
+            # key, or of the limited task, may be claimable right after it.
             self._next_poll = 0.0
         self._wake()
 
@@ -435,10 +469,25 @@ class WorkerCore:
                 "executions %s were reclaimed by another worker while held here", sorted(lost)
             )
 
-    def reclaim_params(self) -> dict[str, Any]:
-        """Parameters of the reclaim statement: never reclaim what runs here."""
+    def maintenance(self) -> list[Step]:
+        """The statements of a :class:`Maintain` action, in order."""
         ids, _ = self.held()
-        return {"held": ids}
+        return [
+            # Never reclaim what runs here, even if its heartbeat is late.
+            Step(self.reclaim_statement, {"held": ids}, self.reclaimed),
+            Step(self._limits_statement, {"tasks": sorted(self.tasks)}, self.limits_read),
+        ]
+
+    def limits_read(self, rows: Sequence[Any]) -> None:
+        """Stored limits were read: claim with slots while any of our tasks has a limit."""
+        self.stored_limits = {row.task for row in rows}
+        limited = bool(self.declared_limits) or bool(rows)
+        if limited != self.limited:
+            log.info(
+                "concurrency limits %s for this worker's tasks",
+                "apply" if limited else "no longer apply",
+            )
+        self.limited = limited
 
     def reclaimed(self, rows: Sequence[Any]) -> None:
         """Log what a reclaim sweep returned to the queue."""

@@ -11,7 +11,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue.worker.base import RunStats, WorkerBase, bound_engine
-from sqla_queue.worker.core import Claim, Flush, Reclaim, Stop, Wait, WorkerCore, _Running
+from sqla_queue.worker.core import Claim, Flush, Maintain, Stop, Wait, WorkerCore, _Running
 from sqla_queue.worker.handlers import HandlerPool, PrivateLoop, run_async_handler, run_sync_handler
 from sqla_queue.worker.settings import WorkerSettings
 from sqla_queue.worker.signals import graceful_signals
@@ -99,7 +99,7 @@ class Worker(WorkerBase):
         self,
         connection: Connection,
         core: WorkerCore,
-        action: Claim | Flush | Reclaim,
+        action: Claim | Flush | Maintain,
         now: float,
         pool: HandlerPool,
         private_loop: PrivateLoop | None,
@@ -120,10 +120,8 @@ class Worker(WorkerBase):
             for running in core.accept_claim(rows, action.size, now, make_context):
                 self._dispatch(core, running, pool, private_loop)
         else:
-            params = core.reclaim_params()
-            rows = connection.execute(core.reclaim_statement, params).all()
-            connection.commit()
-            core.reclaimed(rows)
+            for step in core.maintenance():
+                step.done(connection.execute(step.statement, step.params).all())
 
     @staticmethod
     def _dispatch(

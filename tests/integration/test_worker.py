@@ -10,7 +10,7 @@ from sqlalchemy import Engine, func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
-from sqla_queue import Reschedule, SchemaMismatchError
+from sqla_queue import SCHEMA_VERSION, Reschedule, SchemaMismatchError
 from tests.support.app import ExecutionLog, Result, boom, flaky, noop, queue, record, record_async
 from tests.support.running import wait_for, worker_thread
 
@@ -163,7 +163,7 @@ def test_worker_refuses_to_start_without_a_required_index(
     message = str(info.value)
     assert "app_jobs.sqla_queue_job_executions_claim_ix" in message
     assert "alembic upgrade head" in message
-    assert "schema version 1" in message
+    assert f"schema version {SCHEMA_VERSION}" in message
     with SessionLocal() as session:
         assert statuses(session) == {"queued": 1}
 

@@ -26,10 +26,15 @@ def worker_command(db_url: str, *extra: str, target: str = "tests.support.app:qu
     ]
 
 
-def start_worker(db_url: str, *extra: str, log_path: Path | None = None) -> subprocess.Popen[bytes]:
+def start_worker(
+    db_url: str,
+    *extra: str,
+    log_path: Path | None = None,
+    target: str = "tests.support.app:queue",
+) -> subprocess.Popen[bytes]:
     """Start one worker process; its output goes to ``log_path`` (or is discarded)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     return subprocess.Popen(
-        worker_command(db_url, *extra), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        worker_command(db_url, *extra, target=target), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
     )

@@ -15,6 +15,8 @@ from sqla_queue.models import build_tables
 pytestmark = pytest.mark.unit
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
+#: sha256 of claim.sql as first recorded (schema version 1, before capacity slots).
+CLAIM_V1_SHA256 = "0ff9c625a16e0e1fb16166f178439078b2d45f7814820234a49cbc11b532ecbf"
 DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
 
 
@@ -29,6 +31,7 @@ def tables():
 
 BUILDERS = {
     "claim": statements.claim_statement,
+    "claim_limited": lambda t: statements.claim_statement(t, limited=True),
     "complete": statements.complete_statement,
     "heartbeat": statements.heartbeat_statement,
     "reclaim": statements.reclaim_statement,
@@ -84,8 +87,22 @@ def test_no_values_baked_in(tables, name: str) -> None:
         "reschedule",
         "release",
         "1 second",
+        "{}",  # the empty integer[] of a task that holds no slot yet
     }
     assert literals <= allowed, literals - allowed
+
+
+def test_unlimited_claim_is_byte_identical_to_schema_version_1() -> None:
+    """Capacity slots must not touch workers without limited tasks.
+
+    ``claim.sql`` was recorded before version 2 existed and has not changed since; this
+    test names that property, so a change to it cannot pass as a routine re-snapshot.
+    """
+    import hashlib
+
+    sql = compiled(statements.claim_statement(build_tables(MetaData(), schema="app", prefix="q_")))
+    assert hashlib.sha256((sql + "\n").encode()).hexdigest() == CLAIM_V1_SHA256
+    assert "slot" not in sql and "task_limits" not in sql
 
 
 def test_compiles_identically_for_two_schemas() -> None:

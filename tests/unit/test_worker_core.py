@@ -11,7 +11,7 @@ from sqlalchemy import MetaData
 
 from sqla_queue import Queue, RetryPolicy
 from sqla_queue.core.outcomes import OutcomeKind
-from sqla_queue.worker.core import Claim, Flush, Reclaim, Stop, Wait, WorkerCore
+from sqla_queue.worker.core import Claim, Flush, Maintain, Stop, Wait, WorkerCore
 from sqla_queue.worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.unit
@@ -56,14 +56,15 @@ def core_for(queue: Queue, **settings: Any) -> WorkerCore:
 
 def test_first_actions_are_reclaim_then_a_full_claim(queue: Queue) -> None:
     core = core_for(queue, concurrency=8, batch_size=5)
-    assert core.next_action(0.0) == Reclaim()
+    assert core.next_action(0.0) == Maintain()
     assert core.next_action(0.0) == Claim(5)
 
 
 def test_intervals_derive_from_the_shortest_lease(queue: Queue) -> None:
     core = core_for(queue)
     assert core.heartbeat_interval == 1.0  # task b's 4 s lease / 4
-    assert core.reclaim_interval == 10.0
+    # Half the 20 s lease, capped at 5 s so stored limits are re-read often enough.
+    assert core.reclaim_interval == 5.0
     assert core.claim_params(3)["lease_map"] == '{"b": 4.0}'
 
 

@@ -1,0 +1,57 @@
+WITH next_due AS 
+(SELECT min(app.q_job_executions.execute_at) AS at 
+FROM app.q_job_executions 
+WHERE app.q_job_executions.state = 'pending' AND app.q_job_executions.task = ANY (%(tasks)s::TEXT[]) AND app.q_job_executions.execute_at > now()), 
+stated_limits AS 
+(SELECT t.task AS task, coalesce(app.q_task_limits.concurrency_limit, CAST(jsonb_extract_path_text(CAST(%(limit_map)s::VARCHAR AS JSONB), t.task) AS INTEGER)) AS lim 
+FROM unnest(%(tasks)s::TEXT[]) AS t(task) LEFT OUTER JOIN app.q_task_limits ON app.q_task_limits.task = t.task), 
+room AS 
+(SELECT usage.task AS task, usage.lim AS lim, usage.legacy AS legacy, usage.held AS held, greatest((usage.lim - usage.legacy) - cardinality(usage.held), %(greatest_1)s::INTEGER) AS free 
+FROM (SELECT stated_limits.task AS task, stated_limits.lim AS lim, (SELECT count(*) AS count_1 
+FROM app.q_job_executions AS r 
+WHERE r.task = stated_limits.task AND r.state = 'running' AND r.slot IS NULL) AS legacy, (SELECT coalesce(array_agg(h.slot), '{}'::integer[]) AS coalesce_1 
+FROM app.q_job_executions AS h 
+WHERE h.task = stated_limits.task AND h.slot IS NOT NULL) AS held 
+FROM stated_limits 
+WHERE stated_limits.lim IS NOT NULL) AS usage), 
+open_candidates AS 
+(SELECT e.id AS id, e.priority AS priority, e.execute_at AS execute_at, e.task AS task, e.slot AS slot 
+FROM app.q_job_executions AS e 
+WHERE e.state = 'pending' AND e.execute_at <= now() AND e.task = ANY (%(tasks)s::TEXT[]) AND (e.queue_id IS NULL OR NOT (EXISTS (SELECT * 
+FROM app.q_job_executions AS p 
+WHERE p.queue_id = e.queue_id AND (p.execute_at, p.id) < (e.execute_at, e.id)))) AND (e.slot IS NOT NULL OR NOT (EXISTS (SELECT * 
+FROM room 
+WHERE e.task = room.task))) ORDER BY e.priority DESC, e.execute_at, e.id 
+ LIMIT %(batch)s::INTEGER FOR UPDATE OF e SKIP LOCKED), 
+gated_candidates AS 
+(SELECT fresh.id AS id, fresh.priority AS priority, fresh.execute_at AS execute_at, fresh.task AS task, fresh.slot AS slot 
+FROM room JOIN LATERAL (SELECT g.id AS id, g.priority AS priority, g.execute_at AS execute_at, g.task AS task, g.slot AS slot 
+FROM app.q_job_executions AS g 
+WHERE g.state = 'pending' AND g.execute_at <= now() AND g.task = room.task AND (g.queue_id IS NULL OR NOT (EXISTS (SELECT * 
+FROM app.q_job_executions AS p 
+WHERE p.queue_id = g.queue_id AND (p.execute_at, p.id) < (g.execute_at, g.id)))) AND g.slot IS NULL ORDER BY g.priority DESC, g.execute_at, g.id 
+ LIMIT least(room.free, %(batch)s::INTEGER) FOR UPDATE OF g SKIP LOCKED) AS fresh ON true 
+WHERE room.free > %(free_1)s::INTEGER), 
+picked AS 
+(SELECT both_.id AS id, both_.priority AS priority, both_.execute_at AS execute_at, both_.task AS task, both_.slot AS slot 
+FROM (SELECT open_candidates.id AS id, open_candidates.priority AS priority, open_candidates.execute_at AS execute_at, open_candidates.task AS task, open_candidates.slot AS slot 
+FROM open_candidates UNION ALL SELECT gated_candidates.id AS id, gated_candidates.priority AS priority, gated_candidates.execute_at AS execute_at, gated_candidates.task AS task, gated_candidates.slot AS slot 
+FROM gated_candidates) AS both_ ORDER BY both_.priority DESC, both_.execute_at, both_.id 
+ LIMIT %(batch)s::INTEGER), 
+numbered AS 
+(SELECT picked.id AS id, picked.task AS task, picked.slot AS slot, row_number() OVER (PARTITION BY picked.task, picked.slot IS NULL ORDER BY picked.priority DESC, picked.execute_at, picked.id) AS k 
+FROM picked), 
+seats AS 
+(SELECT room.task AS task, s_1.seat AS seat, row_number() OVER (PARTITION BY room.task ORDER BY s_1.seat) AS k 
+FROM room JOIN LATERAL generate_series(room.legacy, least(room.lim, room.legacy + cardinality(room.held) + %(batch)s::INTEGER) - %(least_1)s::INTEGER) AS s_1(seat) ON true 
+WHERE s_1.seat != ALL (room.held)), 
+assigned AS 
+(SELECT numbered.id AS id, coalesce(numbered.slot, seats.seat) AS slot 
+FROM numbered LEFT OUTER JOIN seats ON numbered.task = seats.task AND seats.k = numbered.k AND numbered.slot IS NULL 
+WHERE coalesce(numbered.slot, seats.seat) IS NOT NULL OR NOT (EXISTS (SELECT * 
+FROM room 
+WHERE numbered.task = room.task))), 
+claimed AS 
+(UPDATE app.q_job_executions SET state='running', attempt=(app.q_job_executions.attempt + %(attempt_1)s::INTEGER), worker_id=%(worker)s::UUID, alive_at=now(), lease_seconds=coalesce(CAST(jsonb_extract_path_text(CAST(%(lease_map)s::VARCHAR AS JSONB), app.q_job_executions.task) AS DOUBLE PRECISION), %(lease)s), slot=assigned.slot FROM assigned WHERE app.q_job_executions.id = assigned.id RETURNING app.q_job_executions.id, app.q_job_executions.attempt, app.q_job_executions.reclaims, app.q_job_executions.queue_id)
+ SELECT next_due.at AS next_due, claimed.id, claimed.attempt, claimed.reclaims, claimed.queue_id, app.q_jobs.task, app.q_jobs.payload, app.q_jobs.max_attempts 
+FROM next_due LEFT OUTER JOIN (claimed JOIN app.q_jobs ON app.q_jobs.id = claimed.id) ON true
