@@ -123,10 +123,14 @@ def _found_shape(kind: str, detail: str | None) -> str:
     return detail
 
 
+def _table_names(tables: QueueTables) -> list[str]:
+    return sorted({tables.jobs.name, tables.executions.name, tables.limits.name})
+
+
 def inspect_schema(connection: Connection, tables: QueueTables) -> SchemaReport:
     """Run the catalog query and compare the result with the manifest."""
     required = required_objects(tables)
-    names = sorted({tables.jobs.name, tables.executions.name, tables.limits.name})
+    names = _table_names(tables)
     rows = connection.execute(CATALOG_QUERY, {"schema": tables.schema, "tables": names}).all()
     found: dict[tuple[str, str, str], str] = {}
     version: int | None = None
@@ -169,15 +173,27 @@ def verify_schema(connection: Connection, tables: QueueTables) -> None:
     tables_missing = sum(obj.kind == "table" for obj in report.missing)
     if version is not None:
         found = f"schema version {version}"
-    elif tables_missing == 2:
+    elif tables_missing == len(_table_names(tables)):
         found = "no queue tables"
     else:
         found = "an incomplete queue (no executions table, so no recorded version)"
     problems = report.problems(tables.schema)
     listing = "\n".join(f"  - {line}" for line in problems)
-    hint = ""
+    if version is not None and 0 < version < SCHEMA_VERSION:
+        # create_all skips tables that exist, so it cannot be the fix for an older install.
+        fix = (
+            f"Fix: run `{FIX_COMMAND}`. If no migration upgrades the queue yet, "
+            "`alembic revision --autogenerate` writes one: "
+            f"op.upgrade_queue(from_version={version}, to_version={SCHEMA_VERSION}, ...), "
+            "which alters the tables in place and keeps every job."
+        )
+    else:
+        fix = (
+            f"Fix: run `{FIX_COMMAND}` (or queue.create_all(connection) on a database "
+            "without Alembic)."
+        )
     if version is not None and version >= SCHEMA_VERSION:
-        hint = (
+        fix += (
             f"\nThe database already records version {version}, so if `{FIX_COMMAND}` has "
             "nothing to do, these objects were changed outside the migrations: recreate them "
             f"as `{FIX_COMMAND} --sql` prints them."
@@ -185,7 +201,6 @@ def verify_schema(connection: Connection, tables: QueueTables) -> None:
     raise SchemaMismatchError(
         f"sqla_queue cannot run: the database has {found}, this library needs schema "
         f"version {SCHEMA_VERSION}. Missing or different ({len(problems)}):\n{listing}\n"
-        f"Fix: run `{FIX_COMMAND}` (or queue.create_all(connection) on a database "
-        f"without Alembic).{hint}",
+        f"{fix}",
         problems,
     )

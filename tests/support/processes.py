@@ -36,5 +36,9 @@ def start_worker(
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     return subprocess.Popen(
-        worker_command(db_url, *extra, target=target), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        worker_command(db_url, *extra, target=target),
+        cwd=ROOT,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
     )

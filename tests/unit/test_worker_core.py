@@ -63,14 +63,15 @@ def test_first_actions_are_reclaim_then_a_full_claim(queue: Queue) -> None:
 def test_intervals_derive_from_the_shortest_lease(queue: Queue) -> None:
     core = core_for(queue)
     assert core.heartbeat_interval == 1.0  # task b's 4 s lease / 4
-    # Half the 20 s lease, capped at 5 s so stored limits are re-read often enough.
-    assert core.reclaim_interval == 5.0
+    # Half the shortest lease (task b's 4 s): a lost job of b waits at most 2 s for a sweep.
+    assert core.reclaim_interval == 2.0
     assert core.claim_params(3)["lease_map"] == '{"b": 4.0}'
 
 
 def test_partial_claim_sleeps_until_next_due_or_poll_interval(queue: Queue) -> None:
-    core = core_for(queue, concurrency=4, poll_interval=2.0)
-    core.next_action(0.0)  # reclaim
+    # Task a only: its 20 s lease puts the next sweep at 5 s, out of this test's way.
+    core = core_for(queue, concurrency=4, poll_interval=2.0, tasks=["a"])
+    core.next_action(0.0)  # maintenance
     soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=0.5)
     core.accept_claim([empty(soon)], 4, 0.0, lambda job: None)
     action = core.next_action(0.0)
@@ -91,10 +92,20 @@ def test_full_batch_polls_again_at_once_and_capacity_bounds_claims(queue: Queue)
     # Full: nothing to do until a handler reports back.
     assert isinstance(core.next_action(0.0), Wait)
     core.record(running[0], core.outcome_of_return(running[0], 7))
-    assert core.next_action(0.0) == Flush()
+    # The batch was full, so more is likely waiting: ack and claim in one transaction.
+    assert core.next_action(0.0) == Flush(claim=1)
     outcomes, params = core.take_outcomes()
     assert [o.kind for o in outcomes] == [OutcomeKind.SUCCEEDED]
     assert '"result": 7' in params["outcomes"]
+
+
+def test_ack_alone_when_the_queue_looked_empty(queue: Queue) -> None:
+    core = core_for(queue, concurrency=3, poll_interval=1.0)
+    core.next_action(0.0)
+    (job,) = core.accept_claim([row(1)], 3, 0.0, lambda j: None)
+    core.record(job, core.outcome_of_return(job, None))
+    # The last claim came back short: no point claiming again before the poll interval.
+    assert core.next_action(0.1) == Flush()
 
 
 def test_failure_retries_with_policy_then_fails(queue: Queue) -> None:
