@@ -13,7 +13,8 @@ operation in their place, chosen from the database's recorded schema version:
 * queue tables in the database but no Queue in the metadata: ``op.drop_queue(...)``.
 
 The host's ``include_name``/``include_object`` decide for the queue's tables as for any other
-table: a queue whose tables they exclude gets no operation at all.
+table. The queue operation touches all of a queue's tables, so a queue with any table
+excluded gets no operation at all, and Alembic proposes nothing for its other tables either.
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ __all__ = [
 ]
 
 _EXECUTIONS_SUFFIX = "job_executions"
-_JOBS_SUFFIX = "jobs"
 _VERSION_COMMENT = re.compile(r"^sqla_queue schema version (\d+)$")
 # Set on the UpgradeOps once handled, so that the hook registered twice (a reloaded module, a
 # hand-written plugin calling it too) still produces one queue operation.
@@ -85,6 +85,10 @@ class QueueTarget:
             schema=self.schema,
             prefix=self.prefix,
         )
+
+
+def _queue_tables(target: QueueTarget) -> tuple[Table, Table, Table]:
+    return (target.jobs, target.executions, target.limits)
 
 
 def _metadatas(metadata: MetaData | Sequence[MetaData] | None) -> list[MetaData]:
@@ -141,20 +145,22 @@ def find_queues(metadata: MetaData | Sequence[MetaData] | None) -> list[QueueTar
 
 
 def plan_queue_op(
-    target: QueueTarget, db_version: int | None, *, jobs_table_exists: bool = False
+    target: QueueTarget, db_version: int | None, *, existing_tables: Sequence[str] = ()
 ) -> QueueOp | None:
     """The one operation that takes the database's queue to the model's version, if any.
 
     ``db_version`` is the version recorded on the executions table, ``None`` when that table
     does not exist and ``0`` when it exists without a recognisable version.
+    ``existing_tables`` names the queue's other tables found in the database; with no
+    executions table, any of them means a half-installed queue, which is left alone.
     """
     where = f"{target.schema + '.' if target.schema else ''}{target.prefix}*"
     if db_version is None:
-        if jobs_table_exists:
+        if existing_tables:
             warnings.warn(
-                f"sqla_queue tables {where}: {target.jobs.name} exists but "
-                f"{target.executions.name} does not; autogenerate leaves this half-installed "
-                "queue alone. Drop the leftover table or finish the install by hand.",
+                f"sqla_queue tables {where}: {', '.join(existing_tables)} found but "
+                f"{target.executions.name} not; autogenerate leaves this half-installed "
+                "queue alone. Drop the leftover tables or finish the install by hand.",
                 QueueSchemaWarning,
                 stacklevel=2,
             )
@@ -191,7 +197,9 @@ def _included(autogen_context: AutogenContext, target: QueueTarget) -> bool:
         and not autogen_context.run_name_filters(target.schema, "schema", {})
     ):
         return False
-    for table in (target.jobs, target.executions):
+    # The queue operation touches every table of the queue, so one excluded table is enough
+    # to leave the whole queue alone (a filter written for version 1 names only two).
+    for table in _queue_tables(target):
         if not autogen_context.run_name_filters(table.name, "table", {"schema_name": schema_name}):
             return False
         if not autogen_context.run_object_filters(table, table.name, "table", False, None):
@@ -230,14 +238,18 @@ def _dropped_queues(
         if not name.endswith(_EXECUTIONS_SUFFIX) or match is None:
             continue
         prefix = name[: -len(_EXECUTIONS_SUFFIX)]
-        jobs_key = (schema, prefix + _JOBS_SUFFIX)
-        if jobs_key not in dropped:
-            continue
         try:
-            queue_ops.append(DropQueueOp(schema, prefix, version=int(match.group(1))))
-        except (InvalidIdentifierError, TypeError):
+            version = int(match.group(1))
+            keys = {(schema, prefix + suffix) for suffix in versions.table_suffixes(version)}
+            drop = DropQueueOp(schema, prefix, version=version)
+        except (InvalidIdentifierError, TypeError, versions.UnknownSchemaVersionError):
             continue
-        owned |= {(schema, name), jobs_key}
+        # drop_queue drops every table of its version: only when Alembic drops all of them
+        # (none kept by a filter) may one drop_queue stand in for them.
+        if not keys <= dropped.keys():
+            continue
+        queue_ops.append(drop)
+        owned |= keys
     return queue_ops, owned
 
 
@@ -249,9 +261,10 @@ def rewrite_upgrade_ops(
 ) -> None:
     """Put ``queue_ops`` in place of whatever Alembic proposed for the ``owned`` tables.
 
-    Also turns Alembic's ``drop_table`` of a queue's two tables (recognised by the version
-    comment on the executions table) into one ``drop_queue``. ``owned`` holds
-    ``(schema, table)`` pairs with the default schema spelled ``None``, as Alembic does.
+    Also turns Alembic's ``drop_table`` of all of a queue's tables (recognised by the version
+    comment on the executions table, which says which tables that version has) into one
+    ``drop_queue``. ``owned`` holds ``(schema, table)`` pairs with the default schema
+    spelled ``None``, as Alembic does.
     """
     rest = _without(upgrade_ops.ops, owned, default_schema)
     drops, dropped_tables = _dropped_queues(rest, default_schema)
@@ -269,7 +282,7 @@ def _owned_keys(targets: Sequence[QueueTarget], default_schema: str | None) -> s
     owned: set[TableKey] = set()
     for target in targets:
         schema = None if target.schema == default_schema else target.schema
-        owned |= {(schema, t.name) for t in (target.jobs, target.executions, target.limits)}
+        owned |= {(schema, t.name) for t in _queue_tables(target)}
     return owned
 
 
@@ -286,7 +299,9 @@ def hide_queue_tables(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) 
     targets = _targets(autogen_context)
     upgrade_ops.info[_TARGETS] = targets
     default_schema = autogen_context.dialect.default_schema_name
-    hidden = _owned_keys(targets, default_schema)
+    # Also the tables of a queue the host's filters left out: a filter that names only some
+    # of them must not turn the others into create_table or drop_table.
+    hidden = _owned_keys(find_queues(autogen_context.metadata), default_schema)
     if not hidden:
         return
 
@@ -322,10 +337,9 @@ def compare_queues(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) -> 
     queue_ops: list[MigrateOperation] = []
     for target in targets:
         report = inspect_schema(connection, target.tables)
-        jobs_exists = not any(
-            m.kind == "table" and m.table == target.jobs.name for m in report.missing
-        )
-        op = plan_queue_op(target, report.version, jobs_table_exists=jobs_exists)
+        absent = {m.table for m in report.missing if m.kind == "table"}
+        existing = [t.name for t in (target.jobs, target.limits) if t.name not in absent]
+        op = plan_queue_op(target, report.version, existing_tables=existing)
         if op is not None:
             log.info("Detected sqla_queue change: %r", op)
             queue_ops.append(op)
@@ -338,6 +352,5 @@ def compare_queues(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) -> 
                 QueueSchemaWarning,
                 stacklevel=2,
             )
-    rewrite_upgrade_ops(
-        upgrade_ops, queue_ops, _owned_keys(targets, default_schema), default_schema
-    )
+    owned = _owned_keys(find_queues(autogen_context.metadata), default_schema)
+    rewrite_upgrade_ops(upgrade_ops, queue_ops, owned, default_schema)

@@ -2,8 +2,9 @@
 
 A migration names a version (``op.create_queue(..., version=1)``) and gets that version's
 frozen statements, whatever the library's models look like today. Releasing version ``N``
-means adding ``vN.py`` (create and drop) and ``v{N-1}_to_vN.py`` (upgrade and downgrade),
-registering both below, and bumping ``SCHEMA_VERSION`` in ``sqla_queue.models.tables``.
+means adding ``vN.py`` (create, drop, and the list of its tables) and ``v{N-1}_to_vN.py``
+(upgrade and downgrade), registering both below, and bumping ``SCHEMA_VERSION`` in
+``sqla_queue.models.tables``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ __all__ = [
     "drop_statements",
     "known_versions",
     "migrate_statements",
+    "table_suffixes",
 ]
 
 Statements = Callable[[str | None, str], list[str]]
@@ -29,6 +31,7 @@ Statements = Callable[[str | None, str], list[str]]
 class _Release:
     create: Statements
     drop: Statements
+    tables: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -38,8 +41,8 @@ class _Step:
 
 
 _RELEASES: dict[int, _Release] = {
-    v1.VERSION: _Release(v1.create_statements, v1.drop_statements),
-    v2.VERSION: _Release(v2.create_statements, v2.drop_statements),
+    v1.VERSION: _Release(v1.create_statements, v1.drop_statements, v1.TABLES),
+    v2.VERSION: _Release(v2.create_statements, v2.drop_statements, v2.TABLES),
 }
 # _STEPS[n] goes from version n to n + 1.
 _STEPS: dict[int, _Step] = {
@@ -76,6 +79,15 @@ def create_statements(version: int, schema: str | None, prefix: str) -> list[str
 def drop_statements(version: int, schema: str | None, prefix: str) -> list[str]:
     """The frozen statements that drop schema ``version``."""
     return _release(version).drop(schema, prefix)
+
+
+def table_suffixes(version: int) -> tuple[str, ...]:
+    """The tables that schema ``version`` has, each named by what follows the prefix.
+
+    ``drop_queue`` at that version drops exactly these, so autogenerate may only replace
+    Alembic's ``drop_table`` calls by one ``drop_queue`` when all of them are going away.
+    """
+    return _release(version).tables
 
 
 def migrate_statements(

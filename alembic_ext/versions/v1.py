@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from alembic_ext.versions._names import Names
 
-__all__ = ["VERSION", "create_statements", "drop_statements"]
+__all__ = ["TABLES", "VERSION", "create_statements", "drop_statements"]
 
 VERSION = 1
 
-_TABLES = frozenset({"jobs", "job_executions"})
+#: The tables of this version, by the suffix that follows the prefix.
+TABLES = ("jobs", "job_executions")
+
+_TABLES = frozenset(TABLES)
 
 _CREATE_SCHEMA = "CREATE SCHEMA IF NOT EXISTS {schema}"
 

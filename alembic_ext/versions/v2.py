@@ -9,9 +9,12 @@ from __future__ import annotations
 from alembic_ext.versions import v1, v1_to_v2
 from alembic_ext.versions._names import Names
 
-__all__ = ["VERSION", "create_statements", "drop_statements"]
+__all__ = ["TABLES", "VERSION", "create_statements", "drop_statements"]
 
 VERSION = 2
+
+#: The tables of this version, by the suffix that follows the prefix.
+TABLES = (*v1.TABLES, "task_limits")
 
 _DROP_LIMITS = "DROP TABLE {task_limits}"
 

@@ -20,9 +20,6 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from alembic_ext import versions
-from alembic_ext.versions import v1
-from alembic_ext.versions._names import Names
 from sqla_queue.testing.databases import DatabaseFactory
 from tests.migration.catalog import Snapshot, snapshot
 from tests.migration.hostapp.models import QUEUE_SCHEMA, queue
@@ -101,13 +98,23 @@ def libpq_url(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def write_project(root: Path, url: str, *, with_history: bool) -> HostProject:
-    """Copy the host's Alembic environment (optionally with its committed history)."""
+def write_project(
+    root: Path, url: str, *, with_history: bool, until: str | None = None
+) -> HostProject:
+    """Copy the host's Alembic environment (optionally with its committed history).
+
+    ``until`` keeps the history only up to that revision (by file name prefix), as a
+    project checked out before the later revisions were written.
+    """
     ignore = shutil.ignore_patterns("__pycache__", *(() if with_history else ("*.py",)))
     shutil.copytree(HOSTAPP_MIGRATIONS, root / "migrations", ignore=ignore)
     # copytree skipped every .py above when there is no history; env.py is needed anyway.
     shutil.copy2(HOSTAPP_MIGRATIONS / "env.py", root / "migrations" / "env.py")
     (root / "migrations" / "versions").mkdir(exist_ok=True)
+    if until is not None:
+        for later in (root / "migrations" / "versions").glob("*.py"):
+            if later.name.split("_", 1)[0] > until:
+                later.unlink()
     # '%' is configparser's interpolation character.
     escaped = url.replace("%", "%%")
     (root / "alembic.ini").write_text(
@@ -129,6 +136,12 @@ def host_project(tmp_path: Path, empty_db_url: str) -> HostProject:
 def history_project(tmp_path: Path, empty_db_url: str) -> HostProject:
     """The host project with its committed revision history, on an empty database."""
     return write_project(tmp_path / "project", empty_db_url, with_history=True)
+
+
+@pytest.fixture
+def v1_history_project(tmp_path: Path, empty_db_url: str) -> HostProject:
+    """The host's history as it was while schema version 1 was the newest (up to 0002)."""
+    return write_project(tmp_path / "project", empty_db_url, with_history=True, until="0002")
 
 
 @pytest.fixture
@@ -172,40 +185,3 @@ def create_all_snapshot(db_factory: DatabaseFactory) -> Snapshot:
         return schema_snapshot(url)
     finally:
         db_factory.drop(url)
-
-
-@pytest.fixture
-def made_up_v2(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A made-up schema version 2 (a nullable column and an index), for one test only.
-
-    It exercises the machinery that the real version 2 will use: the step runs on live data,
-    rewrites the version comment, and reverses.
-    """
-    tables = frozenset({"jobs", "job_executions"})
-
-    def upgrade(schema: str | None, prefix: str) -> list[str]:
-        names = Names(schema, prefix, tables)
-        return [
-            names.render("ALTER TABLE {job_executions} ADD COLUMN slot integer"),
-            names.render(
-                "CREATE UNIQUE INDEX {job_executions_slot_uq} ON {job_executions} (task, slot) "
-                "WHERE state = 'running' AND slot IS NOT NULL"
-            ),
-            names.render("COMMENT ON TABLE {job_executions} IS 'sqla_queue schema version 2'"),
-        ]
-
-    def downgrade(schema: str | None, prefix: str) -> list[str]:
-        names = Names(schema, prefix, tables)
-        return [
-            names.render("DROP INDEX {schema}.{job_executions_slot_uq}")
-            if schema
-            else names.render("DROP INDEX {job_executions_slot_uq}"),
-            names.render("ALTER TABLE {job_executions} DROP COLUMN slot"),
-            names.render("COMMENT ON TABLE {job_executions} IS 'sqla_queue schema version 1'"),
-        ]
-
-    def create(schema: str | None, prefix: str) -> list[str]:
-        return v1.create_statements(schema, prefix) + upgrade(schema, prefix)
-
-    monkeypatch.setitem(versions._RELEASES, 2, versions._Release(create, v1.drop_statements))
-    monkeypatch.setitem(versions._STEPS, 1, versions._Step(upgrade, downgrade))

@@ -3,7 +3,10 @@
 The "existing project" the guide starts from is built here: ``alembic init``, a models
 module without a queue, and a first revision for the host's own table. Then the guide's
 blocks are applied as the guide says: its models file, its ``env.py`` line, its shell
-commands. The migration autogenerate writes must be the one the guide shows.
+commands. The migration autogenerate writes must be the one the guide shows. Then the
+section on newer schemas: with the queue created at version 1, the guide's autogenerate
+command must write the ``op.upgrade_queue`` step the guide shows, and ``alembic check``
+must pass after it.
 """
 
 from __future__ import annotations
@@ -127,9 +130,38 @@ def test_the_guide_works_as_written(tmp_path: Path, empty_db_url: str) -> None:
         assert set(inspect(connection).get_table_names(schema="jobs")) == {
             "sqla_queue_jobs",
             "sqla_queue_job_executions",
+            "sqla_queue_task_limits",
         }
     _shell("alembic downgrade -1", project, empty_db_url)
     with engine.connect() as connection:
         assert queue_objects(connection, "sqla_queue_") == []
         assert "customers" in inspect(connection).get_table_names()
+
+    # "When a new release needs a newer schema": the same project, had it added the queue
+    # while version 1 was the newest, gets the step shown in the guide from autogenerate.
+    written_at_v2 = migration.read_text()
+    assert written_at_v2.count("version=2)") == 2
+    migration.write_text(written_at_v2.replace("version=2)", "version=1)"))
+    _shell("alembic upgrade head", project, empty_db_url)
+    before_step = set((project / "migrations" / "versions").glob("*.py"))
+    new_release = _one(page.marked("skip"), 'alembic revision --autogenerate -m "upgrade')
+    _shell(new_release.source, project, empty_db_url)
+    [step] = set((project / "migrations" / "versions").glob("*.py")) - before_step
+    step_block = _one(page.marked("skip"), "op.upgrade_queue(from_version=1, to_version=2, schema=")
+    shown_step = step_block.source.strip()
+    assert _code(step.read_text()) == [
+        "import alembic_ext  # noqa: F401",
+        "def upgrade() -> None:",
+        f"    {shown_step}",
+        "def downgrade() -> None:",
+        f"    {shown_step.replace('from_version=1, to_version=2', 'from_version=2, to_version=1')}",
+    ]
+    output = _shell("alembic upgrade head && alembic check", project, empty_db_url)
+    assert shown_check.source.strip() in output
+    with engine.connect() as connection:
+        assert set(inspect(connection).get_table_names(schema="jobs")) == {
+            "sqla_queue_jobs",
+            "sqla_queue_job_executions",
+            "sqla_queue_task_limits",
+        }
     engine.dispose()

@@ -47,7 +47,7 @@ def test_autogenerate_renders_the_queue_op_and_upgrade_builds_the_create_all_sch
     upgrade = _statements(_section(source, "upgrade"))
     downgrade = _statements(_section(source, "downgrade"))
     assert "import alembic_ext  # noqa: F401" in source
-    assert upgrade[0] == "op.create_queue(schema='work', prefix='sqla_queue_', version=1)"
+    assert upgrade[0] == "op.create_queue(schema='work', prefix='sqla_queue_', version=2)"
     assert sum("create_queue(" in line for line in upgrade) == 1
     assert any(line.startswith("op.create_table('customers'") for line in upgrade)
     assert any(line.startswith("op.create_table('invoices'") for line in upgrade)
@@ -59,11 +59,16 @@ def test_autogenerate_renders_the_queue_op_and_upgrade_builds_the_create_all_sch
     ]
     assert queue_table_ops == []
     assert "legacy_reports" not in source
-    assert downgrade[-1] == "op.drop_queue(schema='work', prefix='sqla_queue_', version=1)"
+    assert downgrade[-1] == "op.drop_queue(schema='work', prefix='sqla_queue_', version=2)"
 
     command.upgrade(config, "head")
 
     assert differences(schema_snapshot(host_project.url), create_all_snapshot) == []
+    assert {row[1] for row in create_all_snapshot["relations"] if row[2] == "r"} == {
+        "sqla_queue_jobs",
+        "sqla_queue_job_executions",
+        "sqla_queue_task_limits",
+    }
     with engine.connect() as connection:
         queue.verify(connection)
         assert {"customers", "invoices", "legacy_reports"} <= set(

@@ -19,6 +19,7 @@ from alembic_ext import CreateQueueOp, DropQueueOp, UpgradeQueueOp, _registratio
 from alembic_ext.compare import QueueSchemaWarning
 from sqla_queue.models.tables import QueueTables, build_tables
 from sqla_queue.schema.verify import find_missing
+from tests.migration.catalog import queue_objects
 from tests.migration.conftest import engine_for
 
 pytestmark = pytest.mark.migration
@@ -77,7 +78,7 @@ def test_alembic_never_sees_the_queue_tables(
     metadata, _ = host_metadata(("work", "sqla_queue_"))
     with caplog.at_level(logging.INFO, logger="alembic"), engine.connect() as connection:
         ops = autogenerate(connection, metadata, include_schemas=True)
-    assert ops[0] == CreateQueueOp("work", "sqla_queue_", version=1)
+    assert ops[0] == CreateQueueOp("work", "sqla_queue_", version=2)
     alembic_said = [r.getMessage() for r in caplog.records if r.name.startswith("alembic.")]
     assert any("'accounts'" in line for line in alembic_said)
     assert not any("sqla_queue_" in line for line in alembic_said)
@@ -92,7 +93,8 @@ def test_proposals_that_get_past_the_hiding_hook_are_still_replaced(
     with caplog.at_level(logging.INFO, logger="alembic"), engine.connect() as connection:
         ops = autogenerate(connection, metadata, include_schemas=True)
     assert any("sqla_queue_jobs" in r.getMessage() for r in caplog.records)  # Alembic saw it
-    assert ops[0] == CreateQueueOp("work", "sqla_queue_", version=1)
+    assert any("sqla_queue_task_limits" in r.getMessage() for r in caplog.records)
+    assert ops[0] == CreateQueueOp("work", "sqla_queue_", version=2)
     assert table_names(ops) == {"accounts"}
 
 
@@ -107,7 +109,11 @@ def test_without_alembic_ext_alembic_would_create_the_queue_tables_itself(
             ops = autogenerate(connection, metadata)
     finally:
         alembic_ext.install()
-    assert {"sqla_queue_jobs", "sqla_queue_job_executions"} <= table_names(ops)
+    assert {
+        "sqla_queue_jobs",
+        "sqla_queue_job_executions",
+        "sqla_queue_task_limits",
+    } <= table_names(ops)
     assert not any(isinstance(op, CreateQueueOp) for op in ops)
 
 
@@ -134,8 +140,8 @@ def test_two_queues_in_one_metadata_and_a_list_of_metadata(engine: Engine) -> No
     assert script.upgrade_ops is not None
     ops = script.upgrade_ops.ops
     assert ops[:2] == [
-        CreateQueueOp("work", "a_", version=1),
-        CreateQueueOp("work", "b_", version=1),
+        CreateQueueOp("work", "a_", version=2),
+        CreateQueueOp("work", "b_", version=2),
     ]
     assert table_names(ops) == {"accounts", "ledger"}
 
@@ -159,17 +165,36 @@ def test_host_filters_decide_for_the_queue_tables(engine: Engine) -> None:
     assert not any(isinstance(op, CreateQueueOp) for op in by_name)
 
 
+def test_a_filter_written_for_version_1_leaves_the_whole_queue_alone(engine: Engine) -> None:
+    """A filter naming only the two version-1 tables: task_limits must not turn into
+    create_table, and no create_queue may touch the tables the filter excludes."""
+    metadata, _ = host_metadata(("work", "sqla_queue_"))
+    version_1_tables = {"sqla_queue_jobs", "sqla_queue_job_executions"}
+
+    def not_the_queue(obj: Any, name: str | None, type_: str, *_: Any) -> bool:
+        return not (type_ == "table" and name in version_1_tables)
+
+    with engine.connect() as connection:
+        ops = autogenerate(connection, metadata, include_object=not_the_queue)
+    assert not any(isinstance(op, CreateQueueOp) for op in ops)
+    assert table_names(ops) == {"accounts"}
+
+
 @pytest.mark.parametrize(("schema", "include_schemas"), [(None, False), ("work", True)])
 def test_a_queue_removed_from_the_metadata_is_dropped_by_drop_queue(
     engine: Engine, schema: str | None, include_schemas: bool
 ) -> None:
     with engine.begin() as connection:
-        apply(connection, CreateQueueOp(schema, "sqla_queue_", version=1))
+        apply(connection, CreateQueueOp(schema, "sqla_queue_", version=2))
     metadata, _ = host_metadata()
     with engine.connect() as connection:
         ops = autogenerate(connection, metadata, include_schemas=include_schemas)
-    assert ops[-1] == DropQueueOp(schema, "sqla_queue_", version=1)
+    # One drop_queue at version 2 owns all three tables: no drop_table of task_limits.
+    assert ops[-1] == DropQueueOp(schema, "sqla_queue_", version=2)
     assert table_names(ops) == {"accounts"}
+    with engine.begin() as connection:
+        apply(connection, ops[-1])
+        assert queue_objects(connection, "sqla_queue_") == []
 
 
 def _seed(connection: Connection, tables: QueueTables) -> None:
@@ -204,10 +229,8 @@ def _rows(connection: Connection, tables: QueueTables) -> list[tuple[Any, ...]]:
     return [tuple(row) for row in connection.execute(query)]
 
 
-@pytest.mark.usefixtures("made_up_v2")
-def test_an_older_database_gets_upgrade_queue_and_keeps_its_rows(engine: Engine) -> None:
+def test_a_version_1_database_gets_upgrade_queue_to_2_and_keeps_its_rows(engine: Engine) -> None:
     metadata, [tables] = host_metadata(("work", "sqla_queue_"))
-    tables.executions.info["sqla_queue"]["schema_version"] = 2  # a model one release ahead
     with engine.begin() as connection:
         apply(connection, CreateQueueOp("work", "sqla_queue_", version=1))
         _seed(connection, tables)
@@ -220,9 +243,16 @@ def test_an_older_database_gets_upgrade_queue_and_keeps_its_rows(engine: Engine)
     assert table_names(ops) == {"accounts"}
 
     with engine.begin() as connection:
+        missing, version = find_missing(connection, tables)
+        assert version == 1
+        assert ("table", "sqla_queue_task_limits") in {(m.kind, m.table) for m in missing}
+        assert {(m.kind, m.name) for m in missing if m.table != "sqla_queue_task_limits"} == {
+            ("column", "slot"),
+            ("index", "sqla_queue_job_executions_slot_uq"),
+        }
         apply(connection, ops[0])
         assert _rows(connection, tables) == before
-        assert find_missing(connection, tables)[1] == 2
+        assert find_missing(connection, tables) == ([], 2)
         slots = connection.execute(text("SELECT count(slot) FROM work.sqla_queue_job_executions"))
         assert slots.scalar_one() == 0
     with engine.connect() as connection:

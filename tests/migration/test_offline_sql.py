@@ -1,4 +1,9 @@
-"""``alembic upgrade head --sql`` prints a complete script: the queue ops need no connection."""
+"""``alembic upgrade head --sql`` prints a complete script: the queue ops need no connection.
+
+Fed to psql on an empty database, the script builds the same schema as an online
+``alembic upgrade head``, and the same queue as ``queue.create_all``: for a project that
+creates version 2 at once, and for one whose history creates version 1 and then steps to 2.
+"""
 
 from __future__ import annotations
 
@@ -8,38 +13,67 @@ from collections.abc import Callable
 import pytest
 from alembic import command
 
-from tests.migration.catalog import differences
+from tests.migration.catalog import Snapshot, differences
 from tests.migration.conftest import HostProject, libpq_url, run_cli, schema_snapshot
 from tests.migration.hostapp.models import QUEUE_SCHEMA
 
 pytestmark = pytest.mark.migration
 
+QUEUE_TABLES = ("sqla_queue_jobs", "sqla_queue_job_executions", "sqla_queue_task_limits")
 
-def test_offline_script_fed_to_psql_builds_the_same_schema_as_an_online_upgrade(
-    history_project: HostProject, new_db: Callable[[], str]
-) -> None:
-    offline = history_project.alembic("upgrade", "head", "--sql")
-    script = offline.stdout
-    assert "CREATE SCHEMA IF NOT EXISTS work;" in script
-    assert "CREATE TABLE work.sqla_queue_jobs (" in script
-    assert "CREATE UNIQUE INDEX sqla_queue_job_executions_queue_running_uq" in script
-    assert "COMMENT ON TABLE work.sqla_queue_job_executions IS 'sqla_queue schema version 1';" in (
-        script
-    )
 
+def _run_offline_script(project: HostProject, new_db: Callable[[], str]) -> tuple[str, str]:
+    """The ``--sql`` script, and a new database that psql built from it."""
+    script = project.alembic("upgrade", "head", "--sql").stdout
+    for table in QUEUE_TABLES:
+        assert f"CREATE TABLE work.{table} (" in script
+    assert "CREATE UNIQUE INDEX sqla_queue_job_executions_slot_uq" in script
     psql = shutil.which("psql")
     if psql is None:  # pragma: no cover - the CI image has psql
         pytest.skip("psql is not installed")
     target = new_db()
     run_cli(
         [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", libpq_url(target)],
-        history_project.root,
+        project.root,
         stdin=script,
     )
-    command.upgrade(history_project.config(), "head")
+    return script, target
 
+
+def _assert_same_schemas(project: HostProject, by_psql: str, create_all_snapshot: Snapshot) -> None:
+    command.upgrade(project.config(), "head")
     schemas = ("public", QUEUE_SCHEMA)
-    assert (
-        differences(schema_snapshot(target, schemas), schema_snapshot(history_project.url, schemas))
-        == []
+    offline = schema_snapshot(by_psql, schemas)
+    assert differences(offline, schema_snapshot(project.url, schemas)) == []
+    assert {row[1] for row in offline["relations"] if row[2] == "r"} >= set(QUEUE_TABLES)
+    assert differences(schema_snapshot(by_psql), create_all_snapshot) == []
+
+
+def test_offline_script_of_the_history_steps_from_version_1_to_2(
+    history_project: HostProject, new_db: Callable[[], str], create_all_snapshot: Snapshot
+) -> None:
+    script, by_psql = _run_offline_script(history_project, new_db)
+    assert "CREATE SCHEMA IF NOT EXISTS work;" in script
+    assert "CREATE UNIQUE INDEX sqla_queue_job_executions_queue_running_uq" in script
+    created_v1 = "COMMENT ON TABLE work.sqla_queue_job_executions IS 'sqla_queue schema version 1';"
+    stepped = "ALTER TABLE work.sqla_queue_job_executions ADD COLUMN slot INTEGER;"
+    now_v2 = "COMMENT ON TABLE work.sqla_queue_job_executions IS 'sqla_queue schema version 2';"
+    # 0002 creates version 1 as released; 0003 then steps it to version 2.
+    assert script.index(created_v1) < script.index(stepped) < script.index(now_v2)
+    _assert_same_schemas(history_project, by_psql, create_all_snapshot)
+
+
+def test_offline_script_of_a_fresh_project_creates_version_2(
+    host_project: HostProject, new_db: Callable[[], str], create_all_snapshot: Snapshot
+) -> None:
+    command.revision(host_project.config(), autogenerate=True, message="initial", rev_id="0001")
+    script, by_psql = _run_offline_script(host_project, new_db)
+    [revision] = host_project.revision_files()
+    assert "op.create_queue(schema='work', prefix='sqla_queue_', version=2)" in (
+        revision.read_text()
     )
+    last_comment = script.rindex("COMMENT ON TABLE work.sqla_queue_job_executions")
+    assert script[last_comment:].startswith(
+        "COMMENT ON TABLE work.sqla_queue_job_executions IS 'sqla_queue schema version 2';"
+    )
+    _assert_same_schemas(host_project, by_psql, create_all_snapshot)

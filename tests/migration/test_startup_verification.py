@@ -43,7 +43,7 @@ def test_worker_refuses_to_start_without_one_index_and_claims_nothing(upgraded: 
     message = str(refused.value)
     assert f"index {CLAIM_INDEX}" in message
     assert "alembic upgrade head" in message
-    assert "schema version 1" in message
+    assert "the database has schema version 2, this library needs schema version 2" in message
     assert refused.value.missing == [f"index {CLAIM_INDEX} (on sqla_queue_job_executions)"]
     executions = queue.tables.executions
     with upgraded.connect() as connection:
@@ -107,7 +107,46 @@ def test_a_database_without_the_queue_names_every_table_and_the_fix(
     assert "the database has no queue tables" in message
     assert "table work.sqla_queue_jobs" in message
     assert "table work.sqla_queue_job_executions" in message
+    assert "table work.sqla_queue_task_limits" in message
     assert "alembic upgrade head" in message
+    assert len(refused.value.missing) == 3  # one line per table, not one per column
+
+
+def test_a_version_2_worker_refuses_a_version_1_database_and_names_the_step(
+    history_project: HostProject,
+) -> None:
+    """Started before the migration: it names what version 2 adds, claims nothing."""
+    command.upgrade(history_project.config(), "0002")  # the queue as version 1 created it
+    engine = engine_for(history_project.url)
+    SessionLocal = sessionmaker(engine)
+    with SessionLocal.begin() as session:
+        job_id = mail_invoice.enqueue(session, 7)
+
+    worker = queue.worker(SessionLocal, install_signal_handlers=False, poll_interval=0.05)
+    with pytest.raises(SchemaMismatchError) as refused:
+        worker.run(burst=True)
+
+    assert sorted(refused.value.missing) == [
+        "column work.sqla_queue_job_executions.slot",
+        "index work.sqla_queue_job_executions_slot_uq (on sqla_queue_job_executions)",
+        "table work.sqla_queue_task_limits (with its columns, indexes and constraints)",
+    ]
+    message = str(refused.value)
+    assert "the database has schema version 1, this library needs schema version 2" in message
+    assert "run `alembic upgrade head`" in message
+    assert "op.upgrade_queue(from_version=1, to_version=2, ...)" in message
+    # create_all cannot add a column to an existing table: it must not be offered as the fix.
+    assert "create_all" not in message
+    with engine.connect() as connection:
+        row = connection.execute(
+            text(
+                "SELECT state, attempt, worker_id FROM work.sqla_queue_job_executions "
+                "WHERE id = :id"
+            ),
+            {"id": job_id},
+        ).one()
+    engine.dispose()
+    assert tuple(row) == ("pending", 0, None)
 
 
 def test_verify_is_one_catalog_round_trip(upgraded: Engine) -> None:

@@ -33,7 +33,7 @@ from alembic_ext.compare import (
     plan_queue_op,
     rewrite_upgrade_ops,
 )
-from sqla_queue.models.tables import build_tables
+from sqla_queue.models.tables import SCHEMA_VERSION, build_tables
 from sqla_queue.schema.manifest import index_shape, normalize_type
 
 pytestmark = pytest.mark.unit
@@ -50,10 +50,12 @@ def clean_alembic() -> Iterator[None]:
         alembic_ext.install()
 
 
-def target(version: int = 1, schema: str | None = "work") -> QueueTarget:
+def target(version: int = SCHEMA_VERSION, schema: str | None = "work") -> QueueTarget:
     """A queue whose model wants ``version``."""
     tables = build_tables(MetaData(), schema=schema)
-    return QueueTarget(tables.jobs, tables.executions, schema, tables.prefix, version)
+    return QueueTarget(
+        tables.jobs, tables.executions, tables.limits, schema, tables.prefix, version
+    )
 
 
 # -- finding queues ---------------------------------------------------------------------------
@@ -66,8 +68,13 @@ def test_queues_are_found_through_metadata_info() -> None:
 
     found = find_queues(metadata)
 
-    assert [(q.schema, q.prefix, q.version) for q in found] == [("work", "a_", 1), (None, "b_", 1)]
+    assert [(q.schema, q.prefix, q.version) for q in found] == [
+        ("work", "a_", SCHEMA_VERSION),
+        (None, "b_", SCHEMA_VERSION),
+    ]
     assert found[0].jobs is a.jobs and found[1].executions is b.executions
+    assert found[0].limits is a.limits and found[1].limits is b.limits
+    assert found[0].tables.limits is a.limits
     assert find_queues(None) == []
     assert find_queues(MetaData()) == []
 
@@ -75,15 +82,17 @@ def test_queues_are_found_through_metadata_info() -> None:
 def test_tables_copied_to_another_metadata_are_found_by_their_tags() -> None:
     tables = build_tables(MetaData(), schema="work")
     copy = MetaData()
-    tables.jobs.to_metadata(copy)
-    tables.executions.to_metadata(copy)
+    for table in (tables.jobs, tables.executions, tables.limits):
+        table.to_metadata(copy)
     lonely = MetaData()
-    tables.jobs.to_metadata(lonely)  # half a queue is not a queue
+    tables.jobs.to_metadata(lonely)  # part of a queue is not a queue
+    tables.executions.to_metadata(lonely)
 
     [found] = find_queues([copy, lonely])
 
-    assert (found.schema, found.prefix) == ("work", "sqla_queue_")
+    assert (found.schema, found.prefix, found.version) == ("work", "sqla_queue_", SCHEMA_VERSION)
     assert found.jobs is copy.tables["work.sqla_queue_jobs"]
+    assert found.limits is copy.tables["work.sqla_queue_task_limits"]
 
 
 def test_the_target_version_comes_from_the_model() -> None:
@@ -108,19 +117,25 @@ def test_older_version_means_upgrade_from_there() -> None:
     assert plan_queue_op(target(3), 1) == UpgradeQueueOp(1, 3, "work", "sqla_queue_")
 
 
+def test_a_version_1_database_under_the_version_2_model_gets_the_real_step() -> None:
+    assert SCHEMA_VERSION == 2
+    assert plan_queue_op(target(), 1) == UpgradeQueueOp(1, 2, "work", "sqla_queue_")
+
+
 @pytest.mark.parametrize(
-    ("db_version", "jobs_exists", "message"),
+    ("db_version", "existing", "message"),
     [
-        (5, True, "newer than this library"),
-        (0, True, "no schema version comment"),
-        (None, True, "half-installed"),
+        (5, ["sqla_queue_jobs"], "newer than this library"),
+        (0, ["sqla_queue_jobs"], "no schema version comment"),
+        (None, ["sqla_queue_jobs"], "sqla_queue_jobs found .* half-installed"),
+        (None, ["sqla_queue_task_limits"], "sqla_queue_task_limits found .* half-installed"),
     ],
 )
 def test_odd_databases_are_left_alone_with_a_warning(
-    db_version: int | None, jobs_exists: bool, message: str
+    db_version: int | None, existing: list[str], message: str
 ) -> None:
     with pytest.warns(QueueSchemaWarning, match=message):
-        assert plan_queue_op(target(1), db_version, jobs_table_exists=jobs_exists) is None
+        assert plan_queue_op(target(1), db_version, existing_tables=existing) is None
 
 
 # -- rewriting Alembic's proposals ------------------------------------------------------------
@@ -134,6 +149,7 @@ def _alembic_proposals() -> tuple[UpgradeOps, set[tuple[str | None, str]]]:
     ops: list[MigrateOperation] = [
         CreateTableOp.from_table(queue.jobs),
         CreateTableOp.from_table(host),
+        CreateTableOp.from_table(queue.limits),
         ModifyTableOps(
             "sqla_queue_job_executions",
             [AddColumnOp("sqla_queue_job_executions", Column("x", Integer))],
@@ -147,13 +163,14 @@ def _alembic_proposals() -> tuple[UpgradeOps, set[tuple[str | None, str]]]:
     owned: set[tuple[str | None, str]] = {
         (None, "sqla_queue_jobs"),
         (None, "sqla_queue_job_executions"),
+        (None, "sqla_queue_task_limits"),
     }
     return UpgradeOps(ops=ops), owned
 
 
 def test_alembic_proposals_for_queue_tables_give_way_to_the_queue_op() -> None:
     upgrade_ops, owned = _alembic_proposals()
-    create = CreateQueueOp("public", "sqla_queue_", version=1)
+    create = CreateQueueOp("public", "sqla_queue_", version=2)
 
     rewrite_upgrade_ops(upgrade_ops, [create], owned, default_schema="public")
 
@@ -169,7 +186,7 @@ def _dropped(name: str, schema: str | None, comment: str | None) -> DropTableOp:
     return DropTableOp.from_table(table)
 
 
-def test_dropping_both_queue_tables_becomes_one_drop_queue_at_the_end() -> None:
+def test_dropping_both_version_1_tables_becomes_one_drop_queue_at_the_end() -> None:
     upgrade_ops = UpgradeOps(
         ops=[
             _dropped("q_job_executions", "work", "sqla_queue schema version 1"),
@@ -184,6 +201,24 @@ def test_dropping_both_queue_tables_becomes_one_drop_queue_at_the_end() -> None:
     assert upgrade_ops.ops[-1] == DropQueueOp("work", "q_", version=1)
 
 
+def test_dropping_all_three_version_2_tables_becomes_one_drop_queue() -> None:
+    """drop_queue(version=2) drops task_limits too: no drop_table of it may stay behind."""
+    upgrade_ops = UpgradeOps(
+        ops=[
+            _dropped("q_task_limits", None, "sqla_queue: concurrency limit per task"),
+            _dropped("q_job_executions", None, "sqla_queue schema version 2"),
+            _dropped("legacy", None, None),
+            _dropped("q_jobs", None, None),
+        ]
+    )
+
+    rewrite_upgrade_ops(upgrade_ops, [], set(), default_schema="public")
+
+    assert [type(op) for op in upgrade_ops.ops] == [DropTableOp, DropQueueOp]
+    assert getattr(upgrade_ops.ops[0], "table_name", None) == "legacy"
+    assert upgrade_ops.ops[-1] == DropQueueOp(None, "q_", version=2)
+
+
 @pytest.mark.parametrize(
     "ops",
     [
@@ -191,6 +226,17 @@ def test_dropping_both_queue_tables_becomes_one_drop_queue_at_the_end() -> None:
         [_dropped("q_job_executions", None, "mine"), _dropped("q_jobs", None, None)],
         # Only one of the two tables is going away.
         [_dropped("q_job_executions", None, "sqla_queue schema version 1")],
+        # Version 2 has three tables; a filter keeps task_limits, so drop_queue cannot run.
+        [
+            _dropped("q_job_executions", None, "sqla_queue schema version 2"),
+            _dropped("q_jobs", None, None),
+        ],
+        # A version this library does not know: which tables it has is unknown.
+        [
+            _dropped("q_job_executions", None, "sqla_queue schema version 99"),
+            _dropped("q_jobs", None, None),
+            _dropped("q_task_limits", None, None),
+        ],
     ],
 )
 def test_other_drops_are_left_as_alembic_proposed(ops: list[MigrateOperation]) -> None:

@@ -19,7 +19,7 @@ from alembic.runtime.migration import MigrationContext
 import alembic_ext
 from alembic_ext import CreateQueueOp, DropQueueOp, UpgradeQueueOp, versions
 from alembic_ext._registration import _hook_slots
-from alembic_ext.versions import UnknownSchemaVersionError
+from alembic_ext.versions import UnknownSchemaVersionError, v1_to_v2
 from sqla_queue.errors import InvalidIdentifierError
 
 pytestmark = pytest.mark.unit
@@ -105,6 +105,38 @@ def test_drop_and_upgrade_print_their_statements_offline(clean_alembic: None) ->
     )
 
 
+def test_the_version_2_operations_print_the_real_step_offline(clean_alembic: None) -> None:
+    alembic_ext.install()
+    operations, buffer = offline_operations()
+
+    operations.upgrade_queue(1, 2, schema="work")  # type: ignore[attr-defined]
+    up = buffer.getvalue()
+    buffer.seek(0)
+    buffer.truncate()
+    operations.upgrade_queue(from_version=2, to_version=1, schema="work")  # type: ignore[attr-defined]
+    down = buffer.getvalue()
+    buffer.seek(0)
+    buffer.truncate()
+    operations.drop_queue(version=2)  # type: ignore[attr-defined]
+
+    assert up == printed(v1_to_v2.upgrade_statements("work", "sqla_queue_"))
+    assert up.startswith("ALTER TABLE work.sqla_queue_job_executions ADD COLUMN slot INTEGER;")
+    assert (
+        "CREATE UNIQUE INDEX sqla_queue_job_executions_slot_uq ON work.sqla_queue_job_executions"
+        " (task, slot) WHERE slot IS NOT NULL;" in up
+    )
+    assert "CREATE TABLE work.sqla_queue_task_limits (" in up
+    assert up.endswith(
+        "COMMENT ON TABLE work.sqla_queue_job_executions IS 'sqla_queue schema version 2';\n\n"
+    )
+    assert down == printed(v1_to_v2.downgrade_statements("work", "sqla_queue_"))
+    assert down.endswith("IS 'sqla_queue schema version 1';\n\n")
+    assert buffer.getvalue() == (
+        "DROP TABLE sqla_queue_task_limits;\n\n"
+        "DROP TABLE sqla_queue_job_executions;\n\nDROP TABLE sqla_queue_jobs;\n\n"
+    )
+
+
 def test_version_is_required_and_checked(clean_alembic: None) -> None:
     alembic_ext.install()
     operations, _ = offline_operations()
@@ -154,6 +186,18 @@ def test_identifiers_in_the_frozen_sql_are_quoted_by_postgresql_rules() -> None:
         "DROP TABLE q_job_executions",
         "DROP TABLE q_jobs",
     ]
+    step = versions.migrate_statements(1, 2, "user", "q_")
+    assert step[0] == 'ALTER TABLE "user".q_job_executions ADD COLUMN slot INTEGER'
+    # An index lives in its table's schema: its own name is never qualified.
+    assert step[1].startswith('CREATE UNIQUE INDEX q_job_executions_slot_uq ON "user".q_job')
+    assert step[2].startswith('CREATE TABLE "user".q_task_limits (')
+
+
+def test_each_release_knows_its_tables() -> None:
+    assert versions.table_suffixes(1) == ("jobs", "job_executions")
+    assert versions.table_suffixes(2) == ("jobs", "job_executions", "task_limits")
+    with pytest.raises(UnknownSchemaVersionError):
+        versions.table_suffixes(99)
 
 
 def test_version_1_is_frozen() -> None:
@@ -168,21 +212,48 @@ def test_version_1_is_frozen() -> None:
 FROZEN_V1_SHA256 = "abd80786090ae5e905e47ad877b69018170dba151acb68a0977d14e3c57c8582"
 
 
+def test_version_2_and_its_step_are_frozen() -> None:
+    """The same tripwire for version 2 as released: its create, drop and the 1-2 step."""
+    text = "\n".join(
+        versions.create_statements(2, "s", "p_")
+        + versions.drop_statements(2, "s", "p_")
+        + versions.migrate_statements(1, 2, "s", "p_")
+        + versions.migrate_statements(2, 1, "s", "p_")
+    )
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    assert digest == FROZEN_V2_SHA256, text
+
+
+FROZEN_V2_SHA256 = "1175c9eed1897d15175fe8403bc97e7ec46f1a52e2c65635234091f5dc51f84b"
+
+
+def test_version_2_is_version_1_followed_by_the_step() -> None:
+    assert versions.create_statements(2, "s", "p_") == (
+        versions.create_statements(1, "s", "p_") + versions.migrate_statements(1, 2, "s", "p_")
+    )
+    assert versions.drop_statements(2, None, "p_")[0] == "DROP TABLE p_task_limits"
+
+
 def test_migrate_statements_walk_each_step_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    def step(label: str) -> versions._Step:
-        return versions._Step(
-            upgrade=lambda schema, prefix: [f"up {label} {schema}.{prefix}"],
-            downgrade=lambda schema, prefix: [f"down {label}"],
-        )
+    """The real step 1-2, then a made-up step 2-3 to show that steps chain and reverse."""
+    monkeypatch.setitem(
+        versions._RELEASES, 3, versions._Release(lambda s, p: [], lambda s, p: [], ())
+    )
+    monkeypatch.setitem(
+        versions._STEPS,
+        2,
+        versions._Step(
+            upgrade=lambda schema, prefix: [f"up 2-3 {schema}.{prefix}"],
+            downgrade=lambda schema, prefix: ["down 2-3"],
+        ),
+    )
+    up_1_2 = v1_to_v2.upgrade_statements("s", "p_")
+    down_2_1 = v1_to_v2.downgrade_statements("s", "p_")
 
-    release = versions._Release(create=lambda s, p: [], drop=lambda s, p: [])
-    monkeypatch.setitem(versions._RELEASES, 2, release)
-    monkeypatch.setitem(versions._RELEASES, 3, release)
-    monkeypatch.setitem(versions._STEPS, 1, step("1-2"))
-    monkeypatch.setitem(versions._STEPS, 2, step("2-3"))
-
-    assert versions.migrate_statements(1, 3, "s", "p_") == ["up 1-2 s.p_", "up 2-3 s.p_"]
-    assert versions.migrate_statements(3, 1, "s", "p_") == ["down 2-3", "down 1-2"]
+    assert versions.migrate_statements(1, 2, "s", "p_") == up_1_2
+    assert versions.migrate_statements(2, 1, "s", "p_") == down_2_1
+    assert versions.migrate_statements(1, 3, "s", "p_") == [*up_1_2, "up 2-3 s.p_"]
+    assert versions.migrate_statements(3, 1, "s", "p_") == ["down 2-3", *down_2_1]
     assert versions.migrate_statements(2, 2, "s", "p_") == []
     with pytest.raises(UnknownSchemaVersionError, match="version 4"):
         versions.migrate_statements(3, 4, "s", "p_")

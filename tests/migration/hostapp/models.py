@@ -8,7 +8,9 @@ tables must autogenerate as they always did.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -20,10 +22,11 @@ from sqlalchemy import (
     String,
     Text,
     func,
+    select,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from sqla_queue import Queue
+from sqla_queue import JobContext, Queue
 
 QUEUE_SCHEMA = "work"
 
@@ -76,3 +79,27 @@ class Invoice(Base):
 def mail_invoice(invoice_id: int) -> int:
     """Pretend to mail an invoice."""
     return invoice_id
+
+
+#: At most this many ``render_report`` jobs run at once, across all workers.
+REPORT_LIMIT = 2
+
+
+@queue.task(name="render_report", concurrency_limit=REPORT_LIMIT, pass_context=True)
+def render_report(ctx: JobContext[Session], report_id: int) -> dict[str, Any]:
+    """Pretend to render a report, slowly enough that runs overlap.
+
+    It returns what it saw in the database, for the tests to check the limit with: its own
+    capacity slot, and the slots of every running ``render_report`` execution, looked at
+    when it starts and again when it ends.
+    """
+    executions = queue.tables.executions
+    running = select(executions.c.slot).where(
+        executions.c.task == "render_report", executions.c.state == "running"
+    )
+    own = select(executions.c.slot).where(executions.c.id == ctx.job_id)
+    seen = [sorted(ctx.session.scalars(running), key=str)]
+    slot = ctx.session.scalar(own)
+    time.sleep(0.2)
+    seen.append(sorted(ctx.session.scalars(running), key=str))
+    return {"report_id": report_id, "slot": slot, "seen": seen}
