@@ -74,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prune.add_argument("--include-failed", action="store_true", help="failed jobs go too")
 
+    limits = sub.add_parser(
+        "limits",
+        help="list, set or unset per-task concurrency limits (shared by all workers)",
+        description="sqla-queue limits APP:QUEUE [list | set TASK N | unset TASK]",
+    )
+    _add_target(limits)
+    limits.add_argument("words", nargs="*", help="list (default) | set TASK N | unset TASK")
+
     demo = sub.add_parser("demo", help="a real end-to-end demo: a shop, its orders, 2 workers")
     demo.add_argument("--url", help="database URL (default: $DATABASE_URL, else embedded)")
     demo.add_argument("--orders", type=int, default=3000, help="orders to place")
@@ -185,6 +193,55 @@ def _prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _limits_words(words: Sequence[str]) -> tuple[str, str, int | None]:
+    usage = "use: sqla-queue limits APP:QUEUE [list | set TASK N | unset TASK]"
+    if not words or list(words) == ["list"]:
+        return "list", "", None
+    if words[0] == "set" and len(words) == 3:
+        try:
+            return "set", words[1], int(words[2])
+        except ValueError:
+            raise CliError(f"the limit must be a whole number >= 1, got {words[2]!r}") from None
+    if words[0] == "unset" and len(words) == 2:
+        return "unset", words[1], None
+    raise CliError(f"unexpected arguments {' '.join(words)!r}; {usage}")
+
+
+def _limits(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    queue = load_queue(args.queue)
+    action, task, limit = _limits_words(args.words)
+    engine = create_engine(database_url(args.url))
+    try:
+        with engine.begin() as connection:
+            if action == "set":
+                queue.set_limit(connection, task, limit)
+            elif action == "unset":
+                queue.set_limit(connection, task, None)
+            current = queue.limits(connection)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        engine.dispose()
+    if action != "list":
+        now = current.get(task)
+        shown = now.effective if now is not None else None
+        print(f"{task}: limit now {shown if shown is not None else 'none'}")
+        return 0
+    table = Table("task", "declared in code", "stored", "effective")
+    for name, entry in current.items():
+        table.add_row(
+            name,
+            str(entry.declared) if entry.declared is not None else "-",
+            str(entry.stored) if entry.stored is not None else "-",
+            str(entry.effective),
+        )
+    Console().print(table if current else "no concurrency limits")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from sqla_queue.demo.run import run_demo
 
@@ -193,7 +250,13 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sqla-queue`` command; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # parse_known_args lets `limits APP --url X set TASK N` put its words after options.
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        if args.command != "limits" or any(word.startswith("-") for word in rest):
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        args.words = [*args.words, *rest]
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -203,6 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "failed": _failed,
         "requeue": _requeue,
         "prune": _prune,
+        "limits": _limits,
         "demo": _demo,
     }
     try:

@@ -84,3 +84,31 @@ def test_durations() -> None:
     assert parse_duration("7d") == dt.timedelta(days=7)
     assert parse_duration("90") == dt.timedelta(seconds=90)
     assert parse_duration("1.5h") == dt.timedelta(minutes=90)
+
+
+def test_limits_command(
+    db_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    target = "tests.support.limited:queue"
+    assert main(["limits", target, "--url", db_url]) == 0
+    listing = capsys.readouterr().out
+    assert "limited3" in listing and "limited1" in listing
+
+    assert main(["limits", target, "--url", db_url, "set", "noop", "4"]) == 0
+    assert "noop: limit now 4" in capsys.readouterr().out
+    assert main(["limits", target, "--url", db_url, "set", "limited1", "2"]) == 0
+    capsys.readouterr()
+    assert main(["limits", target, "--url", db_url]) == 0
+    rows = {
+        line.split("│")[1].strip(): line
+        for line in capsys.readouterr().out.splitlines()
+        if "│" in line
+    }
+    assert [c.strip() for c in rows["limited1"].split("│")[2:5]] == ["1", "2", "2"]
+
+    assert main(["limits", target, "--url", db_url, "unset", "limited1"]) == 0
+    assert "limited1: limit now 1" in capsys.readouterr().out
+    assert main(["limits", target, "--url", db_url, "set", "noop", "0"]) == 2
+    assert "whole number" in capsys.readouterr().err
+    assert main(["limits", target, "--url", db_url, "set", "noop"]) == 2
