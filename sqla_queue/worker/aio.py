@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
@@ -120,36 +119,20 @@ class AsyncWorker(WorkerBase):
         pool: HandlerPool,
         make_context: Any,
     ) -> None:
-        if isinstance(action, Flush):
-            outcomes, params = core.take_outcomes()
-            rows: Sequence[Any] = ()
-            try:
-                if action.claim:
-                    await connection.exec_driver_sql("BEGIN")
-                result = await connection.execute(core.complete_statement, params)
-                applied = result.scalars().all()
-                if action.claim:
-                    claimed = await connection.execute(
-                        core.claim_statement, core.claim_params(action.claim)
-                    )
-                    rows = claimed.all()
-                    await connection.exec_driver_sql("COMMIT")
-            except BaseException:
-                core.flush_failed(outcomes)
-                raise
-            core.completed(outcomes, applied)
-            if action.claim:
-                for running in core.accept_claim(rows, action.claim, now, make_context):
-                    self._dispatch(core, running, pool)
-        elif isinstance(action, Claim):
-            result = await connection.execute(core.claim_statement, core.claim_params(action.size))
-            rows = result.all()
-            for running in core.accept_claim(rows, action.size, now, make_context):
-                self._dispatch(core, running, pool)
-        else:
-            for step in core.maintenance():
-                result = await connection.execute(step.statement, step.params)
-                step.done(result.all())
+        work = core.prepare(action, now, make_context)
+        try:
+            if work.atomic:
+                await connection.exec_driver_sql("BEGIN")
+            results = []
+            for stmt, params in work.steps:
+                results.append((await connection.execute(stmt, params)).all())
+            if work.atomic:
+                await connection.exec_driver_sql("COMMIT")
+        except BaseException:
+            work.failed()
+            raise
+        for running in work.done(results):
+            self._dispatch(core, running, pool)
 
     def _dispatch(self, core: WorkerCore, running: _Running, pool: HandlerPool) -> None:
         if core.tasks[running.job.task].is_async:

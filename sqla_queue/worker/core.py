@@ -94,6 +94,21 @@ class Stop:
 Action = Flush | Claim | Maintain | Wait | Stop
 
 
+@dataclass(frozen=True)
+class Work:
+    """The I/O of one action, for a face to run: statements, then the core takes over.
+
+    A face executes ``steps`` in order (inside one transaction when ``atomic``), hands the
+    rows of each step to ``done`` and dispatches the executions it returns. If anything
+    fails it calls ``failed`` and lets the error propagate.
+    """
+
+    steps: list[tuple[Any, dict[str, Any]]]
+    atomic: bool
+    done: Callable[[list[Sequence[Any]]], list[_Running]]
+    failed: Callable[[], None]
+
+
 def claims(action: Action) -> bool:
     """Whether ``action`` runs a claim (alone or after a flush)."""
     return isinstance(action, Claim) or (isinstance(action, Flush) and action.claim > 0)
@@ -104,6 +119,10 @@ class _Running:
     job: ClaimedJob
     context: Any
     released: bool = False
+
+
+def _nothing() -> None:
+    return None
 
 
 def utcnow() -> dt.datetime:
@@ -237,6 +256,49 @@ class WorkerCore:
         if free > 0:
             deadline = min(deadline, self._next_poll)
         return Wait(max(0.0, min(deadline - now, self.settings.poll_interval)))
+
+    # -- I/O plans -----------------------------------------------------------------------------
+
+    def prepare(
+        self,
+        action: Flush | Claim | Maintain,
+        now: float,
+        make_context: Callable[[ClaimedJob], Any],
+    ) -> Work:
+        """The statements an action runs, and what happens with their rows."""
+        if isinstance(action, Maintain):
+            steps = self.maintenance()
+
+            def maintained(results: list[Sequence[Any]]) -> list[_Running]:
+                for step, rows in zip(steps, results, strict=True):
+                    step.done(rows)
+                return []
+
+            return Work([(s.statement, s.params) for s in steps], False, maintained, _nothing)
+        size = action.claim if isinstance(action, Flush) else action.size
+        claim_step = [(self.claim_statement, self.claim_params(size))] if size else []
+        if isinstance(action, Claim):
+
+            def claimed(results: list[Sequence[Any]]) -> list[_Running]:
+                return self.accept_claim(results[0], size, now, make_context)
+
+            return Work(claim_step, False, claimed, _nothing)
+        outcomes, params = self.take_outcomes()
+
+        def flushed(results: list[Sequence[Any]]) -> list[_Running]:
+            self.completed(outcomes, [row[0] for row in results[0]])
+            if not size:
+                return []
+            return self.accept_claim(results[1], size, now, make_context)
+
+        return Work(
+            [(self.complete_statement, params), *claim_step],
+            # Ack and claim share one transaction: one commit, and the claim sees what the
+            # ack freed.
+            bool(size),
+            flushed,
+            lambda: self.flush_failed(outcomes),
+        )
 
     # -- claims ------------------------------------------------------------------------------
 

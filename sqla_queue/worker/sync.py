@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -117,31 +116,18 @@ class Worker(WorkerBase):
         private_loop: PrivateLoop | None,
         make_context: Any,
     ) -> None:
-        if isinstance(action, Flush):
-            outcomes, params = core.take_outcomes()
-            rows: Sequence[Any] = ()
-            try:
-                if action.claim:
-                    connection.exec_driver_sql("BEGIN")
-                applied = connection.execute(core.complete_statement, params).scalars().all()
-                if action.claim:
-                    claim_params = core.claim_params(action.claim)
-                    rows = connection.execute(core.claim_statement, claim_params).all()
-                    connection.exec_driver_sql("COMMIT")
-            except BaseException:
-                core.flush_failed(outcomes)
-                raise
-            core.completed(outcomes, applied)
-            if action.claim:
-                for running in core.accept_claim(rows, action.claim, now, make_context):
-                    self._dispatch(core, running, pool, private_loop)
-        elif isinstance(action, Claim):
-            rows = connection.execute(core.claim_statement, core.claim_params(action.size)).all()
-            for running in core.accept_claim(rows, action.size, now, make_context):
-                self._dispatch(core, running, pool, private_loop)
-        else:
-            for step in core.maintenance():
-                step.done(connection.execute(step.statement, step.params).all())
+        work = core.prepare(action, now, make_context)
+        try:
+            if work.atomic:
+                connection.exec_driver_sql("BEGIN")
+            results = [connection.execute(stmt, params).all() for stmt, params in work.steps]
+            if work.atomic:
+                connection.exec_driver_sql("COMMIT")
+        except BaseException:
+            work.failed()
+            raise
+        for running in work.done(results):
+            self._dispatch(core, running, pool, private_loop)
 
     @staticmethod
     def _dispatch(
