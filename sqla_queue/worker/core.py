@@ -192,6 +192,7 @@ class WorkerCore:
         self._next_poll = 0.0
         self._next_reclaim = 0.0
         self._stop_deadline: float | None = None
+        self._outcomes_seen_at: float | None = None
         self._last_claim_empty = False
         self._errors_in_row = 0
         self.stats = {"claimed": 0, "succeeded": 0, "failed": 0, "retried": 0, "fenced": 0}
@@ -242,6 +243,9 @@ class WorkerCore:
                 return Stop()
         free = self.settings.concurrency - running
         if has_outcomes:
+            wait = self._ack_wait(now, running)
+            if wait > 0:
+                return Wait(wait)
             if free > 0 and now >= self._next_poll:
                 return Flush(claim=min(free, self.settings.claim_batch))
             return Flush()
@@ -256,6 +260,19 @@ class WorkerCore:
         if free > 0:
             deadline = min(deadline, self._next_poll)
         return Wait(max(0.0, min(deadline - now, self.settings.poll_interval)))
+
+    def _ack_wait(self, now: float, running: int) -> float:
+        """How long to hold buffered outcomes so that more join the same ack.
+
+        Handlers of one batch tend to finish together; acking each as it comes would cost
+        a statement (and a commit) per job. Outcomes wait at most ``ack_delay`` seconds,
+        and not at all once nothing else runs or a batch's worth has gathered.
+        """
+        if self._outcomes_seen_at is None:
+            self._outcomes_seen_at = now
+        if running == 0 or len(self._outcomes) >= self.settings.claim_batch:
+            return 0.0
+        return max(0.0, self._outcomes_seen_at + self.settings.ack_delay - now)
 
     # -- I/O plans -----------------------------------------------------------------------------
 
@@ -475,6 +492,7 @@ class WorkerCore:
         """Remove the buffered outcomes and return them with the completion parameters."""
         with self._lock:
             outcomes, self._outcomes = self._outcomes, []
+            self._outcomes_seen_at = None
         rows = [o.as_row() for o in outcomes]
         return outcomes, {"outcomes": json.dumps(rows), "worker": self.worker_id}
 

@@ -26,6 +26,8 @@ class WorkerSettings:
         reclaim_interval: seconds between sweeps for lost jobs, and between re-reads of the
             stored concurrency limits (default: half the shortest lost interval of this
             worker's tasks, at most 5 s).
+        ack_delay: longest time, in seconds, a finished job's acknowledgement waits for others
+            to share its statement while more handlers are still running (0: ack at once).
         verify_schema: check the database schema before the first claim.
         install_signal_handlers: handle SIGINT/SIGTERM in ``run()`` (main thread only).
     """
@@ -38,6 +40,7 @@ class WorkerSettings:
     listen: bool | None = None
     heartbeat_interval: float | None = None
     reclaim_interval: float | None = None
+    ack_delay: float = 0.005
     verify_schema: bool = True
     install_signal_handlers: bool = True
 
@@ -50,6 +53,8 @@ class WorkerSettings:
             raise ValueError("poll_interval must be positive")
         if self.shutdown_timeout < 0:
             raise ValueError("shutdown_timeout cannot be negative")
+        if self.ack_delay < 0:
+            raise ValueError("ack_delay cannot be negative")
 
     @property
     def claim_batch(self) -> int:

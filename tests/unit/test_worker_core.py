@@ -92,11 +92,28 @@ def test_full_batch_polls_again_at_once_and_capacity_bounds_claims(queue: Queue)
     # Full: nothing to do until a handler reports back.
     assert isinstance(core.next_action(0.0), Wait)
     core.record(running[0], core.outcome_of_return(running[0], 7))
-    # The batch was full, so more is likely waiting: ack and claim in one transaction.
-    assert core.next_action(0.0) == Flush(claim=1)
+    # Two handlers still run: the ack waits a moment for company...
+    assert core.next_action(0.0) == Wait(0.005)
+    # ...then goes. The batch was full, so more is likely waiting: ack and claim together.
+    assert core.next_action(0.005) == Flush(claim=1)
     outcomes, params = core.take_outcomes()
     assert [o.kind for o in outcomes] == [OutcomeKind.SUCCEEDED]
     assert '"result": 7' in params["outcomes"]
+
+
+def test_acks_gather_until_a_batch_or_the_delay(queue: Queue) -> None:
+    core = core_for(queue, concurrency=3, batch_size=3, ack_delay=0.01)
+    core.next_action(0.0)
+    a, b, c = core.accept_claim([row(1), row(2), row(3)], 3, 0.0, lambda j: None)
+    core.record(a, core.outcome_of_return(a, None))
+    assert core.next_action(1.0) == Wait(pytest.approx(0.01))
+    core.record(b, core.outcome_of_return(b, None))
+    assert core.next_action(1.004) == Wait(pytest.approx(0.006))
+    core.record(c, core.outcome_of_return(c, None))
+    # Nothing runs any more: ack now, and claim in the same transaction.
+    assert core.next_action(1.005) == Flush(claim=3)
+    outcomes, _ = core.take_outcomes()
+    assert [o.job_id for o in outcomes] == [1, 2, 3]
 
 
 def test_ack_alone_when_the_queue_looked_empty(queue: Queue) -> None:
