@@ -222,9 +222,7 @@ def build_tables(
         metadata,
         Column("task", Text, nullable=False),
         Column("concurrency_limit", Integer, nullable=False),
-        Column(
-            "updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")
-        ),
+        Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
         PrimaryKeyConstraint("task", name=conv(f"{limits_name}_pkey")),
         CheckConstraint("concurrency_limit >= 1", name=conv(f"{limits_name}_limit_ck")),
         schema=schema,

@@ -33,7 +33,9 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
 
 
 @pytest.mark.parametrize(
-    ("task", "limit", "total"), [(limited3, 3, 5_000), (limited1, 1, 1_000)], ids=["limit3", "limit1"]
+    ("task", "limit", "total"),
+    [(limited3, 3, 5_000), (limited1, 1, 1_000)],
+    ids=["limit3", "limit1"],
 )
 def test_limit_holds_across_eight_processes(
     task: object,

@@ -205,8 +205,13 @@ def test_running_rows_without_a_slot_are_counted(engine: Engine) -> None:
         connection.execute(
             update(EX)
             .where(EX.c.id == legacy)
-            .values(state="running", worker_id=uuid.uuid4(), attempt=1, alive_at=func.now(),
-                    lease_seconds=30.0)
+            .values(
+                state="running",
+                worker_id=uuid.uuid4(),
+                attempt=1,
+                alive_at=func.now(),
+                lease_seconds=30.0,
+            )
         )
     jobs = [enqueue(engine, limited2) for _ in range(3)]
     with engine.begin() as connection:

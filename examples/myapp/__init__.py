@@ -1,0 +1,1 @@
+"""A small host application that uses sqla_queue."""
