@@ -3,7 +3,8 @@
 Parameters of both shapes: ``tasks`` (text[] of the worker's task names), ``batch`` (int),
 ``worker`` (uuid), ``lease`` (default lost interval, seconds) and ``lease_map`` (jsonb text
 mapping a task name to its own lost interval; ``'{}'`` when none differs). The limited shape
-adds ``limit_map`` (jsonb text: the concurrency limits declared in code, by task name).
+adds ``limit_map`` (jsonb text: the concurrency limits declared in code, by task name) and
+``seat_offset`` (a random non-negative int, new for each claim).
 """
 
 from __future__ import annotations
@@ -157,10 +158,11 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
       capacity filter comes before the LIMIT, so a full task never fills the batch with
       rows it may not run and starve the rest.
     * ``seats``: the k-th free slot for the k-th fresh pick of a task. The search covers
-      only ``legacy + held + batch`` numbers, never a limit-sized series, so a claim costs
-      the same at limit 10 and at limit 5000. Slots start at ``legacy``: with running
-      rows that hold no slot, fewer seats exist, and the unique index still sees every
-      seat that is taken.
+      only ``held + batch`` numbers, never a limit-sized series, so a claim costs the same
+      at limit 10 and at limit 5000. It starts at a random offset: claims racing for a
+      roomy limit then rarely pick the same seat (the loser of a collision gets an empty
+      batch). Slots lie in ``legacy .. limit-1``: with running rows that hold no slot,
+      fewer seats exist, and the unique index still sees every seat that is taken.
     """
     ex = tables.executions
     limits = tables.limits
@@ -241,23 +243,31 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
         )
         .label("k"),
     ).cte("numbered")
+    # Seats usable now: legacy .. lim-1. The window is walked from a random offset, so two
+    # claims racing for a roomy limit rarely compute the same seats and collide.
+    usable = func.greatest(room.c.lim - room.c.legacy, 1)
     s = (
         func.generate_series(
-            room.c.legacy,
-            func.least(room.c.lim, room.c.legacy + func.cardinality(room.c.held) + batch) - 1,
+            0, func.least(room.c.lim - room.c.legacy, func.cardinality(room.c.held) + batch) - 1
         )
-        .table_valued("seat")
+        .table_valued("i")
         .render_derived(name="s")
         .lateral()
     )
+    offset = bindparam("seat_offset", type_=Integer)
+    seat = room.c.legacy + (s.c.i + offset) % usable
+    window = (
+        select(room.c.task, room.c.held, s.c.i, seat.label("seat"))
+        .select_from(room.join(s, true()))
+        .subquery("window_")
+    )
     seats = (
         select(
-            room.c.task,
-            s.c.seat,
-            func.row_number().over(partition_by=room.c.task, order_by=s.c.seat).label("k"),
+            window.c.task,
+            window.c.seat,
+            func.row_number().over(partition_by=window.c.task, order_by=window.c.i).label("k"),
         )
-        .select_from(room.join(s, true()))
-        .where(s.c.seat != all_(room.c.held))
+        .where(window.c.seat != all_(window.c.held))
         .cte("seats")
     )
     slot = func.coalesce(numbered.c.slot, seats.c.seat)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import random
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -332,7 +333,7 @@ class WorkerCore:
 
     def claim_params(self, size: int) -> dict[str, Any]:
         """Parameters of the claim statement for a batch of ``size``."""
-        return {**self._claim_params, "batch": size}
+        return {**self._claim_params, "batch": size, "seat_offset": random.randrange(1 << 30)}
 
     def accept_claim(
         self, rows: Sequence[Any], size: int, now: float, make_context: Callable[[ClaimedJob], Any]

@@ -25,7 +25,7 @@ from sqla_queue._sqlstate import UNIQUE_VIOLATION, constraint_of, sqlstate_of
 from sqla_queue.worker.base import WorkerBase
 from sqla_queue.worker.settings import WorkerSettings
 from tests.support.app import noop
-from tests.support.limited import limited1, limited2, queue
+from tests.support.limited import limited1, limited2, limited3, queue
 
 pytestmark = pytest.mark.integration
 
@@ -34,19 +34,23 @@ EX = queue.tables.executions
 SLOT_INDEX = "sqla_queue_job_executions_slot_uq"
 
 
-def params(batch: int, tasks: list[str] | None = None) -> dict[str, Any]:
+def params(batch: int, tasks: list[str] | None = None, offset: int = 0) -> dict[str, Any]:
     return {
         "tasks": tasks or ["limited1", "limited2", "noop"],
         "batch": batch,
         "worker": uuid.uuid4(),
         "lease": 30.0,
         "lease_map": "{}",
-        "limit_map": json.dumps({"limited1": 1, "limited2": 2}),
+        "limit_map": json.dumps({"limited1": 1, "limited2": 2, "limited3": 3}),
+        # Offset 0 by default: seats in order, so the tests can name them.
+        "seat_offset": offset,
     }
 
 
-def claim(connection: Connection, batch: int, tasks: list[str] | None = None) -> list[Any]:
-    rows = connection.execute(LIMITED, params(batch, tasks)).all()
+def claim(
+    connection: Connection, batch: int, tasks: list[str] | None = None, offset: int = 0
+) -> list[Any]:
+    rows = connection.execute(LIMITED, params(batch, tasks, offset)).all()
     return [r for r in rows if r.id is not None]
 
 
@@ -155,6 +159,20 @@ def test_a_rolled_back_claim_frees_its_slot(engine: Engine) -> None:
         assert [r.id for r in claim(b, 1)] == [job]
         b.commit()
     assert running(engine, "limited1") == [(job, 0)]
+
+
+def test_seat_search_wraps_around_from_its_offset(engine: Engine) -> None:
+    jobs = [enqueue(engine, limited3) for _ in range(4)]
+    with engine.begin() as connection:
+        assert len(claim(connection, 2, ["limited3"], offset=2)) == 2
+    # From offset 2 of 0..2: seat 2, then wrap to seat 0.
+    assert sorted(slot for _, slot in running(engine, "limited3")) == [0, 2]
+    with engine.begin() as connection:
+        # Any offset finds the one seat left, and then the limit is full.
+        assert len(claim(connection, 5, ["limited3"], offset=1_000_001)) == 1
+        assert claim(connection, 5, ["limited3"], offset=7) == []
+    assert sorted(slot for _, slot in running(engine, "limited3")) == [0, 1, 2]
+    assert len(jobs) == 4
 
 
 def test_other_unique_violations_are_not_races(engine: Engine) -> None:

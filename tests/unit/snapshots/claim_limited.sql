@@ -42,9 +42,10 @@ numbered AS
 (SELECT picked.id AS id, picked.task AS task, picked.slot AS slot, row_number() OVER (PARTITION BY picked.task, picked.slot IS NULL ORDER BY picked.priority DESC, picked.execute_at, picked.id) AS k 
 FROM picked), 
 seats AS 
-(SELECT room.task AS task, s_1.seat AS seat, row_number() OVER (PARTITION BY room.task ORDER BY s_1.seat) AS k 
-FROM room JOIN LATERAL generate_series(room.legacy, least(room.lim, room.legacy + cardinality(room.held) + %(batch)s::INTEGER) - %(least_1)s::INTEGER) AS s_1(seat) ON true 
-WHERE s_1.seat != ALL (room.held)), 
+(SELECT window_.task AS task, window_.seat AS seat, row_number() OVER (PARTITION BY window_.task ORDER BY window_.i) AS k 
+FROM (SELECT room.task AS task, room.held AS held, s_1.i AS i, room.legacy + (s_1.i + %(seat_offset)s::INTEGER) %% greatest(room.lim - room.legacy, %(greatest_2)s::INTEGER) AS seat 
+FROM room JOIN LATERAL generate_series(%(generate_series_1)s::INTEGER, least(room.lim - room.legacy, cardinality(room.held) + %(batch)s::INTEGER) - %(least_1)s::INTEGER) AS s_1(i) ON true) AS window_ 
+WHERE window_.seat != ALL (window_.held)), 
 assigned AS 
 (SELECT numbered.id AS id, coalesce(numbered.slot, seats.seat) AS slot 
 FROM numbered LEFT OUTER JOIN seats ON numbered.task = seats.task AND seats.k = numbered.k AND numbered.slot IS NULL 
