@@ -6,7 +6,9 @@ in the producer and in every worker.
 
 from __future__ import annotations
 
+import inspect
 import time
+from typing import Any, cast
 
 from sqlalchemy import Integer, MetaData
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -20,6 +22,8 @@ __all__ = [
     "STARTS",
     "Base",
     "Order",
+    "limit_task",
+    "limits_supported",
     "queue",
     "quiet_queue",
 ]
@@ -27,6 +31,8 @@ __all__ = [
 NOOP = "bench.noop"
 ANOOP = "bench.anoop"
 STAMP = "bench.stamp"
+#: Concurrency limits of the limit-scaling scenario; each gets its own no-op task.
+LIMITS = (10, 5000)
 
 #: Handler start times (``time.monotonic()``, one clock for every process on the machine)
 #: of the latency scenario, by the job's ``seq`` argument.
@@ -65,9 +71,23 @@ def _register(target: Queue) -> None:
     target.task(name=STAMP)(_stamp)
 
 
+def limit_task(limit: int) -> str:
+    """The name of the no-op task limited to ``limit`` running executions (0: unlimited)."""
+    return f"bench.limit{limit}" if limit else NOOP
+
+
+def limits_supported() -> bool:
+    """Whether the installed sqla_queue has ``@queue.task(concurrency_limit=N)``."""
+    return "concurrency_limit" in inspect.signature(Queue.task).parameters
+
+
 #: The queue as an application would declare it: NOTIFY on enqueue.
 queue = Queue(Base)
 _register(queue)
+if limits_supported():
+    for _limit in LIMITS:
+        # Through Any: the keyword exists only in versions with concurrency limits.
+        cast(Any, queue.task)(name=limit_task(_limit), concurrency_limit=_limit)(_noop)
 
 #: The same tables seen through a queue that never sends NOTIFY (the poll-only runs).
 quiet_queue = Queue(metadata=MetaData(), notify=False)

@@ -10,6 +10,10 @@ statement per batch, and the handler called in between:
   ``finished_at`` into ``jobs``. It leaves out what the baseline does not need to be
   correct for this load: the queue_id head check, the next-due time, per-task leases. It
   is the ceiling the ratios are quoted against.
+* ``bare-1tx`` is ``bare`` with the completion of one batch and the claim of the next
+  sent together in one transaction through psycopg's pipeline mode: one round trip and
+  one commit per batch instead of two. It is not a baseline but a measured lever (see
+  ``bench/levers.py``).
 * ``bare-min`` is a single narrow table whose completion is a bare DELETE: no job history
   at all. It is the floor of the floor, quoted for reference only (it is the "one claim
   and one delete per batch" loop of the issue's reference figure).
@@ -130,6 +134,8 @@ def drain(dsn: str, *, flavour: str, task: str, batch: int, handler: Callable[..
     """
     worker = uuid.uuid4()
     claim_params: dict[str, Any] = {"tasks": [task], "batch": batch, "worker": worker}
+    if flavour == "bare-1tx":
+        return _drain_one_transaction(dsn, claim_params, handler)
     last_done = time.monotonic()
     with psycopg.connect(dsn, autocommit=True) as conn:
         while True:
@@ -141,7 +147,11 @@ def drain(dsn: str, *, flavour: str, task: str, batch: int, handler: Callable[..
                     _call(handler, payload)
                 conn.execute(
                     COMPLETE,
-                    {"ids": [r[0] for r in rows], "attempts": [r[1] for r in rows], "worker": worker},
+                    {
+                        "ids": [r[0] for r in rows],
+                        "attempts": [r[1] for r in rows],
+                        "worker": worker,
+                    },
                 )
             else:
                 rows = conn.execute(MIN_CLAIM, claim_params).fetchall()
@@ -151,6 +161,31 @@ def drain(dsn: str, *, flavour: str, task: str, batch: int, handler: Callable[..
                     _call(handler, payload)
                 conn.execute(MIN_COMPLETE, {"ids": [r[0] for r in rows], "worker": worker})
             last_done = time.monotonic()
+
+
+def _drain_one_transaction(
+    dsn: str, claim_params: dict[str, Any], handler: Callable[..., Any]
+) -> float:
+    last_done = time.monotonic()
+    ack: dict[str, Any] | None = None
+    with psycopg.connect(dsn) as conn:
+        while True:
+            with conn.pipeline(), conn.transaction():
+                if ack is not None:
+                    conn.execute(COMPLETE, ack)
+                cur = conn.execute(CLAIM, claim_params)
+            rows = cur.fetchall()
+            if ack is not None:
+                last_done = time.monotonic()
+            if not rows:
+                return last_done
+            for _id, _attempt, payload in rows:
+                _call(handler, payload)
+            ack = {
+                "ids": [r[0] for r in rows],
+                "attempts": [r[1] for r in rows],
+                "worker": claim_params["worker"],
+            }
 
 
 def listen_and_run(
@@ -179,7 +214,11 @@ def listen_and_run(
                     _call(handler, payload)
                 conn.execute(
                     COMPLETE,
-                    {"ids": [r[0] for r in rows], "attempts": [r[1] for r in rows], "worker": worker},
+                    {
+                        "ids": [r[0] for r in rows],
+                        "attempts": [r[1] for r in rows],
+                        "worker": worker,
+                    },
                 )
             for _ in listener.notifies(timeout=0.5, stop_after=1):
                 pass

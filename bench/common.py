@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -12,6 +13,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -35,6 +37,7 @@ from sqla_queue.testing.databases import (
 
 __all__ = [
     "ROOT",
+    "BackendCpuMeter",
     "BenchDatabase",
     "Summary",
     "TextTable",
@@ -117,14 +120,12 @@ class BenchDatabase:
         with self.connect() as conn:
             for table in tables:
                 conn.execute(f"VACUUM ANALYZE {table}")
-            try:
+            with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
                 conn.execute("CHECKPOINT")
-            except psycopg.errors.InsufficientPrivilege:
-                pass
 
 
 async def _install_pgqueuer(dsn: str) -> None:
-    import asyncpg
+    import asyncpg  # type: ignore[import-untyped]
     from pgqueuer.db import AsyncpgDriver
     from pgqueuer.queries import Queries
 
@@ -144,15 +145,22 @@ class WorkerProcess:
     The start barrier keeps interpreter start-up and imports out of the timed window.
     """
 
-    def __init__(self, args: Sequence[str], *, env: dict[str, str] | None = None) -> None:
-        self._stderr: IO[str] = tempfile.TemporaryFile("w+")
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        prefix: Sequence[str] = (),
+    ) -> None:
+        # Lives as long as the process object: kill() closes it.
+        self._stderr: IO[str] = tempfile.TemporaryFile("w+")  # noqa: SIM115
         full_env = dict(os.environ)
         full_env["PYTHONPATH"] = os.pathsep.join(
             [str(ROOT), *filter(None, [full_env.get("PYTHONPATH")])]
         )
         full_env.update(env or {})
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.worker", *args],
+            [*prefix, sys.executable, "-m", "bench.worker", *args],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -165,6 +173,8 @@ class WorkerProcess:
         """Block until the process has finished its set-up."""
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
+        while line.startswith("py-spy>") or line == "\n":  # a wrapping profiler talks first
+            line = self.proc.stdout.readline()
         if line.strip() != "READY":
             self.proc.kill()
             raise RuntimeError(f"worker failed to start: {line!r}\n{self.stderr_tail()}")
@@ -182,7 +192,9 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.communicate()
-            raise RuntimeError(f"worker did not finish in {timeout}s\n{self.stderr_tail()}")
+            raise RuntimeError(
+                f"worker did not finish in {timeout}s\n{self.stderr_tail()}"
+            ) from None
         lines = [x for x in out.splitlines() if x.startswith("{")]
         if self.proc.returncode != 0 or not lines:
             raise RuntimeError(
@@ -200,6 +212,7 @@ class WorkerProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._stderr.close()
 
     def stderr_tail(self, chars: int = 3000) -> str:
         """The end of what the process wrote to stderr."""
@@ -208,9 +221,20 @@ class WorkerProcess:
 
 
 @contextmanager
-def worker_processes(args_list: Sequence[Sequence[str]]) -> Iterator[list[WorkerProcess]]:
-    """Start one process per argument list, wait until all are ready; kill leftovers."""
-    procs = [WorkerProcess(args) for args in args_list]
+def worker_processes(
+    args_list: Sequence[Sequence[str]],
+    prefixes: Sequence[Sequence[str]] = (),
+    env: dict[str, str] | None = None,
+) -> Iterator[list[WorkerProcess]]:
+    """Start one process per argument list, wait until all are ready; kill leftovers.
+
+    ``prefixes[i]``, when given, goes before the i-th command (a profiler, say); ``env``
+    adds environment variables (``PGOPTIONS``, say).
+    """
+    procs = [
+        WorkerProcess(args, prefix=prefixes[i] if i < len(prefixes) else (), env=env)
+        for i, args in enumerate(args_list)
+    ]
     try:
         for p in procs:
             p.wait_ready()
@@ -218,6 +242,65 @@ def worker_processes(args_list: Sequence[Sequence[str]]) -> Iterator[list[Worker
     finally:
         for p in procs:
             p.kill()
+
+
+class BackendCpuMeter:
+    """CPU time of the server backends serving the scratch database, while it runs.
+
+    A thread lists the database's backends every ``interval`` seconds and reads their CPU
+    time from ``/proc``; only possible when the server runs on this machine (otherwise
+    :attr:`seconds` stays NaN). A backend's last ``interval`` before it exits is missed.
+    """
+
+    def __init__(self, db: BenchDatabase, interval: float = 0.1) -> None:
+        self.db = db
+        self.interval = interval
+        self.seconds = math.nan
+        self._base: dict[int, float] = {}
+        self._last: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="backend-cpu", daemon=True)
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def _cpu(self, pid: int) -> float | None:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        # utime and stime are fields 14 and 15 of the line; 12 and 13 after the ")".
+        return (int(fields[11]) + int(fields[12])) / self._tick
+
+    def _poll(self, conn: psycopg.Connection[Any], first: bool) -> None:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (self.db.name,),
+        ).fetchall()
+        for (pid,) in rows:
+            cpu = self._cpu(pid)
+            if cpu is None:
+                continue
+            if pid not in self._base:
+                self._base[pid] = cpu if first else 0.0
+            self._last[pid] = cpu
+
+    def _run(self) -> None:
+        with self.db.connect() as conn:
+            while not self._stop.wait(self.interval):
+                self._poll(conn, first=False)
+            self._poll(conn, first=False)
+
+    def __enter__(self) -> BackendCpuMeter:
+        with self.db.connect() as conn:
+            self._poll(conn, first=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._last and os.path.exists("/proc/self/stat"):
+            self.seconds = sum(self._last[p] - self._base[p] for p in self._last)
 
 
 # -- statistics -----------------------------------------------------------------------------
@@ -252,9 +335,7 @@ def summarize(values: Sequence[float]) -> Summary:
     """Median, min and max of ``values``."""
     if not values:
         return Summary(math.nan, math.nan, math.nan, 0)
-    return Summary(
-        statistics.median(values), min(values), max(values), len(values), tuple(values)
-    )
+    return Summary(statistics.median(values), min(values), max(values), len(values), tuple(values))
 
 
 def percentile(values: Sequence[float], pct: float) -> float:

@@ -24,22 +24,36 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from typing import Any
 
-from sqlalchemy import create_engine, text
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.orm import sessionmaker
 
 from bench import app, baseline
 
-SYSTEMS = ("sqla-sync", "sqla-async", "pgqueuer", "bare", "bare-min")
-PRODUCERS = ("host-only", "sqla", "sqla-quiet", "bare", "pgqueuer")
+SYSTEMS = ("sqla-sync", "sqla-async", "pgqueuer", "bare", "bare-min", "bare-1tx")
+PRODUCERS = (
+    "host-only",
+    "sqla",
+    "sqla-quiet",
+    "host-only-psycopg",
+    "bare",
+    "host-only-asyncpg",
+    "pgqueuer",
+)
 PGQ_CHANNEL = "ch_pgqueuer"
+
+
+#: CPU seconds (all threads, user + system) this process had used when released.
+_CLOCK = {"cpu_at_go": 0.0}
 
 
 def _handshake() -> None:
     print("READY", flush=True)
     if sys.stdin.readline().strip() != "GO":
         sys.exit(3)
+    _CLOCK["cpu_at_go"] = time.process_time()
 
 
 def peak_rss_mb() -> float:
@@ -60,7 +74,29 @@ def peak_rss_mb() -> float:
 
 
 def _report(**values: Any) -> None:
-    print(json.dumps({"maxrss_mb": peak_rss_mb(), **values}), flush=True)
+    cpu = time.process_time() - _CLOCK["cpu_at_go"]
+    print(json.dumps({"maxrss_mb": peak_rss_mb(), "cpu_s": cpu, **values}), flush=True)
+
+
+def statement_kind(statement: str) -> str:
+    """Which of the worker's statements ``statement`` is (for ``--trace-statements``)."""
+    if "candidates AS" in statement:
+        return "claim"
+    if "jsonb_to_recordset" in statement and "finished AS" in statement:
+        return "complete"
+    if "stale AS" in statement:
+        return "reclaim"
+    if "unnest" in statement and "alive_at" in statement:
+        return "heartbeat"
+    return "other"
+
+
+def trace_statements(engine: Engine, counts: Counter[str]) -> None:
+    """Count the statements ``engine`` sends into ``counts``, by kind."""
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _count(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        counts[statement_kind(statement)] += 1
 
 
 def _stop_on_sigterm() -> threading.Event:
@@ -76,6 +112,9 @@ def run_sqla_sync(args: argparse.Namespace) -> None:
     """The sync worker, built the way ``sqla-queue worker`` builds it."""
     target = app.quiet_queue if args.quiet else app.queue
     engine = create_engine(args.url, pool_size=2)
+    counts: Counter[str] = Counter()
+    if args.trace_statements:
+        trace_statements(engine, counts)
     with engine.connect() as conn:
         conn.execute(text("SELECT 1"))
     worker = target.worker(
@@ -88,7 +127,7 @@ def run_sqla_sync(args: argparse.Namespace) -> None:
     _handshake()
     stats = worker.run(burst=args.role == "drain")
     engine.dispose()
-    _report(claimed=stats.claimed, starts=app.STARTS)
+    _report(claimed=stats.claimed, starts=app.STARTS, statements=counts)
 
 
 def run_sqla_async(args: argparse.Namespace) -> None:
@@ -97,8 +136,12 @@ def run_sqla_async(args: argparse.Namespace) -> None:
 
     target = app.quiet_queue if args.quiet else app.queue
 
+    counts: Counter[str] = Counter()
+
     async def main() -> int:
         engine = create_async_engine(args.url, pool_size=2)
+        if args.trace_statements:
+            trace_statements(engine.sync_engine, counts)
         async with engine.connect() as conn:
             await conn.execute(text("SELECT 1"))
         worker = target.async_worker(
@@ -114,7 +157,7 @@ def run_sqla_async(args: argparse.Namespace) -> None:
         return stats.claimed
 
     claimed = asyncio.run(main())
-    _report(claimed=claimed, starts=app.STARTS)
+    _report(claimed=claimed, starts=app.STARTS, statements=counts)
 
 
 # -- PgQueuer ---------------------------------------------------------------------------------
@@ -122,7 +165,7 @@ def run_sqla_async(args: argparse.Namespace) -> None:
 
 def run_pgqueuer(args: argparse.Namespace) -> None:
     """PgQueuer's QueueManager on one asyncpg connection, as its docs set it up."""
-    import asyncpg
+    import asyncpg  # type: ignore[import-untyped]
     from pgqueuer.db import AsyncpgDriver
     from pgqueuer.models import Job
     from pgqueuer.qm import QueueManager
@@ -141,7 +184,7 @@ def run_pgqueuer(args: argparse.Namespace) -> None:
 
         else:
 
-            @qm.entrypoint(args.task)
+            @qm.entrypoint(args.task, concurrency_limit=args.limit)
             async def noop(job: Job) -> None:
                 return None
 
@@ -194,10 +237,10 @@ def run_bare(args: argparse.Namespace) -> None:
 def run_producer(args: argparse.Namespace) -> None:
     """``--count`` business transactions: one order row and (but for host-only) one job."""
     kind = args.system
-    if kind == "pgqueuer":
+    if kind in ("pgqueuer", "host-only-asyncpg"):
         _produce_pgqueuer(args)
         return
-    if kind == "bare":
+    if kind in ("bare", "host-only-psycopg"):
         _produce_bare(args)
         return
     engine = create_engine(args.url, pool_size=1)
@@ -227,6 +270,8 @@ def _produce_bare(args: argparse.Namespace) -> None:
         for i in range(args.count):
             with conn.transaction():
                 conn.execute("INSERT INTO bench_orders (total) VALUES (%s)", (i,))
+                if args.system == "host-only-psycopg":
+                    continue
                 conn.execute(
                     baseline.ENQUEUE_ONE_NOTIFY,
                     {
@@ -252,7 +297,8 @@ def _produce_pgqueuer(args: argparse.Namespace) -> None:
         for i in range(args.count):
             async with conn.transaction():
                 await conn.execute("INSERT INTO bench_orders (total) VALUES ($1)", i)
-                await queries.enqueue(app.NOOP, str(i).encode())
+                if args.system == "pgqueuer":
+                    await queries.enqueue(app.NOOP, str(i).encode())
         end = time.monotonic()
         await conn.close()
         return start, end
@@ -272,6 +318,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--task", default=app.NOOP)
     parser.add_argument("--poll-interval", type=float, default=1.0)
     parser.add_argument("--quiet", action="store_true", help="no NOTIFY, no LISTEN")
+    parser.add_argument("--limit", type=int, default=0, help="PgQueuer concurrency_limit")
+    parser.add_argument(
+        "--trace-statements", action="store_true", help="count statements (sqla_queue only)"
+    )
     parser.add_argument("--count", type=int, default=1000, help="transactions to produce")
     return parser.parse_args(argv)
 
