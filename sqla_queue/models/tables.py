@@ -206,6 +206,24 @@ def build_tables(
         unique=True,
         postgresql_where=running & executions.c.queue_id.is_not(None),
     )
+    # The slot-aware claim walks one task's rows at a time: fresh rows, and reclaimed rows
+    # that kept their seat.
+    Index(
+        conv(f"{exec_name}_task_claim_ix"),
+        executions.c.task,
+        executions.c.priority.desc(),
+        executions.c.execute_at,
+        executions.c.id,
+        postgresql_where=pending & executions.c.slot.is_(None),
+    )
+    Index(
+        conv(f"{exec_name}_seated_ix"),
+        executions.c.task,
+        executions.c.priority.desc(),
+        executions.c.execute_at,
+        executions.c.id,
+        postgresql_where=pending & executions.c.slot.is_not(None),
+    )
     # Capacity slots: two claims of one seat collide here even when neither can see the
     # other's uncommitted row, which a count read from a snapshot never could.
     Index(

@@ -19,14 +19,13 @@ from sqlalchemy import (
     Select,
     Text,
     Uuid,
-    all_,
     and_,
     any_,
     bindparam,
+    case,
     cast,
     exists,
     func,
-    literal_column,
     or_,
     select,
     true,
@@ -150,13 +149,14 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
 
     * ``room``: per limited task, its limit (the stored one, else the one declared in
       code), the running executions without a slot (claimed before version 2: the count
-      gate), the slots held, and the free capacity. Read from this statement's snapshot,
+      gate), the number of slots held, and the free capacity. Read from this statement's snapshot,
       so it can be stale by an in-flight claim: that is what the slot index is for.
-    * ``open_candidates``: unlimited tasks, plus executions that already hold a slot (a
-      reclaimed job keeps its seat, so recovery is never gated).
-    * ``gated_candidates``: per limited task, at most its free capacity of fresh rows. The
-      capacity filter comes before the LIMIT, so a full task never fills the batch with
-      rows it may not run and starve the rest.
+    * ``fresh_picks``: per task of the worker, the first rows without a seat, walked in
+      that task's slice of ``task_claim_ix``: up to a batch for an unlimited task, up to
+      its free capacity for a limited one. The capacity check comes before the LIMIT, so
+      a full task never fills the batch with rows it may not run and starve the rest.
+    * ``seated_picks``: executions that already hold a slot (a reclaimed job keeps its
+      seat), from the small ``seated_ix``; never gated.
     * ``seats``: the k-th free slot for the k-th fresh pick of a task. The search covers
       only ``held + batch`` numbers, never a limit-sized series, so a claim costs the same
       at limit 10 and at limit 5000. It starts at a random offset: claims racing for a
@@ -187,7 +187,7 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
     )
     h = ex.alias("h")
     held = (
-        select(func.coalesce(func.array_agg(h.c.slot), literal_column("'{}'::integer[]")))
+        select(func.count())
         .where(h.c.task == stated.c.task, h.c.slot.is_not(None))
         .scalar_subquery()
     )
@@ -198,39 +198,41 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
     )
     room = select(
         usage,
-        func.greatest(usage.c.lim - usage.c.legacy - func.cardinality(usage.c.held), 0).label(
-            "free"
-        ),
+        func.greatest(usage.c.lim - usage.c.legacy - usage.c.held, 0).label("free"),
     ).cte("room")
 
-    e = ex.alias("e")
-    open_candidates = (
-        select(e.c.id, e.c.priority, e.c.execute_at, e.c.task, e.c.slot)
-        .where(
-            *_claimable(tables, e, any_(tasks)),
-            or_(e.c.slot.is_not(None), ~exists().where(room.c.task == e.c.task)),
-        )
-        .order_by(*_claim_order(e))
-        .limit(batch)
-        .with_for_update(of=e, skip_locked=True)
-        .cte("open_candidates")
+    # Every pick walks one task's own slice of an index (task first), so neither a large
+    # backlog of a limited task nor another task's backlog is scanned and filtered.
+    u = func.unnest(tasks).table_valued("task").render_derived(name="u")
+    budget = (
+        select(u.c.task, room.c.free, room.c.task.is_not(None).label("limited"))
+        .select_from(u.outerjoin(room, room.c.task == u.c.task))
+        .cte("budget")
     )
-    g = ex.alias("g")
+    e = ex.alias("e")
     fresh = (
-        select(g.c.id, g.c.priority, g.c.execute_at, g.c.task, g.c.slot)
-        .where(*_claimable(tables, g, room.c.task), g.c.slot.is_(None))
-        .order_by(*_claim_order(g))
-        .limit(func.least(room.c.free, batch))
-        .with_for_update(of=g, skip_locked=True)
+        select(e.c.id, e.c.priority, e.c.execute_at, e.c.task, e.c.slot)
+        .where(*_claimable(tables, e, budget.c.task), e.c.slot.is_(None))
+        .order_by(*_claim_order(e))
+        .limit(case((budget.c.limited, func.least(budget.c.free, batch)), else_=batch))
+        .with_for_update(of=e, skip_locked=True)
         .lateral("fresh")
     )
-    gated_candidates = (
-        select(fresh)
-        .select_from(room.join(fresh, true()))
-        .where(room.c.free > 0)
-        .cte("gated_candidates")
+    fresh_picks = select(fresh).select_from(budget.join(fresh, true())).cte("fresh_picks")
+    # A reclaimed execution keeps its seat: it is claimed again whatever the room, so
+    # recovery is never gated by the limit.
+    v = func.unnest(tasks).table_valued("task").render_derived(name="v")
+    g = ex.alias("g")
+    seated = (
+        select(g.c.id, g.c.priority, g.c.execute_at, g.c.task, g.c.slot)
+        .where(*_claimable(tables, g, v.c.task), g.c.slot.is_not(None))
+        .order_by(*_claim_order(g))
+        .limit(batch)
+        .with_for_update(of=g, skip_locked=True)
+        .lateral("seated")
     )
-    both = union_all(select(open_candidates), select(gated_candidates)).subquery("both_")
+    seated_picks = select(seated).select_from(v.join(seated, true())).cte("seated_picks")
+    both = union_all(select(fresh_picks), select(seated_picks)).subquery("both_")
     picked = select(both).order_by(*_claim_order(both)).limit(batch).cte("picked")
     numbered = select(
         picked.c.id,
@@ -247,27 +249,30 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
     # claims racing for a roomy limit rarely compute the same seats and collide.
     usable = func.greatest(room.c.lim - room.c.legacy, 1)
     s = (
-        func.generate_series(
-            0, func.least(room.c.lim - room.c.legacy, func.cardinality(room.c.held) + batch) - 1
-        )
+        func.generate_series(0, func.least(room.c.lim - room.c.legacy, room.c.held + batch) - 1)
         .table_valued("i")
         .render_derived(name="s")
-        .lateral()
     )
     offset = bindparam("seat_offset", type_=Integer)
     seat = room.c.legacy + (s.c.i + offset) % usable
-    window = (
-        select(room.c.task, room.c.held, s.c.i, seat.label("seat"))
-        .select_from(room.join(s, true()))
-        .subquery("window_")
+    x = ex.alias("x")
+    # A seat is free when no execution holds it: one probe of the slot index per seat
+    # tried, stopping once enough are found.
+    free_seats = (
+        select(s.c.i, seat.label("seat"))
+        .where(~exists().where(x.c.task == room.c.task, x.c.slot == seat).correlate_except(x))
+        .order_by(s.c.i)
+        .limit(func.least(room.c.free, batch))
+        .lateral("free_seats")
     )
     seats = (
         select(
-            window.c.task,
-            window.c.seat,
-            func.row_number().over(partition_by=window.c.task, order_by=window.c.i).label("k"),
+            room.c.task,
+            free_seats.c.seat,
+            func.row_number().over(partition_by=room.c.task, order_by=free_seats.c.i).label("k"),
         )
-        .where(window.c.seat != all_(window.c.held))
+        .select_from(room.join(free_seats, true()))
+        .where(room.c.free > 0)
         .cte("seats")
     )
     slot = func.coalesce(numbered.c.slot, seats.c.seat)

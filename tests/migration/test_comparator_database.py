@@ -249,6 +249,8 @@ def test_a_version_1_database_gets_upgrade_queue_to_2_and_keeps_its_rows(engine:
         assert {(m.kind, m.name) for m in missing if m.table != "sqla_queue_task_limits"} == {
             ("column", "slot"),
             ("index", "sqla_queue_job_executions_slot_uq"),
+            ("index", "sqla_queue_job_executions_task_claim_ix"),
+            ("index", "sqla_queue_job_executions_seated_ix"),
         }
         apply(connection, ops[0])
         assert _rows(connection, tables) == before

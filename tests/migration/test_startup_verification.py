@@ -128,7 +128,9 @@ def test_a_version_2_worker_refuses_a_version_1_database_and_names_the_step(
 
     assert sorted(refused.value.missing) == [
         "column work.sqla_queue_job_executions.slot",
+        "index work.sqla_queue_job_executions_seated_ix (on sqla_queue_job_executions)",
         "index work.sqla_queue_job_executions_slot_uq (on sqla_queue_job_executions)",
+        "index work.sqla_queue_job_executions_task_claim_ix (on sqla_queue_job_executions)",
         "table work.sqla_queue_task_limits (with its columns, indexes and constraints)",
     ]
     message = str(refused.value)

@@ -6,46 +6,51 @@ stated_limits AS
 (SELECT t.task AS task, coalesce(app.q_task_limits.concurrency_limit, CAST(jsonb_extract_path_text(CAST(%(limit_map)s::VARCHAR AS JSONB), t.task) AS INTEGER)) AS lim 
 FROM unnest(%(tasks)s::TEXT[]) AS t(task) LEFT OUTER JOIN app.q_task_limits ON app.q_task_limits.task = t.task), 
 room AS 
-(SELECT usage.task AS task, usage.lim AS lim, usage.legacy AS legacy, usage.held AS held, greatest((usage.lim - usage.legacy) - cardinality(usage.held), %(greatest_1)s::INTEGER) AS free 
+(SELECT usage.task AS task, usage.lim AS lim, usage.legacy AS legacy, usage.held AS held, greatest((usage.lim - usage.legacy) - usage.held, %(greatest_1)s::INTEGER) AS free 
 FROM (SELECT stated_limits.task AS task, stated_limits.lim AS lim, (SELECT count(*) AS count_1 
 FROM app.q_job_executions AS r 
-WHERE r.task = stated_limits.task AND r.state = 'running' AND r.slot IS NULL) AS legacy, (SELECT coalesce(array_agg(h.slot), '{}'::integer[]) AS coalesce_1 
+WHERE r.task = stated_limits.task AND r.state = 'running' AND r.slot IS NULL) AS legacy, (SELECT count(*) AS count_2 
 FROM app.q_job_executions AS h 
 WHERE h.task = stated_limits.task AND h.slot IS NOT NULL) AS held 
 FROM stated_limits 
 WHERE stated_limits.lim IS NOT NULL) AS usage), 
-open_candidates AS 
-(SELECT e.id AS id, e.priority AS priority, e.execute_at AS execute_at, e.task AS task, e.slot AS slot 
-FROM app.q_job_executions AS e 
-WHERE e.state = 'pending' AND e.execute_at <= now() AND e.task = ANY (%(tasks)s::TEXT[]) AND (e.queue_id IS NULL OR NOT (EXISTS (SELECT * 
-FROM app.q_job_executions AS p 
-WHERE p.queue_id = e.queue_id AND (p.execute_at, p.id) < (e.execute_at, e.id)))) AND (e.slot IS NOT NULL OR NOT (EXISTS (SELECT * 
-FROM room 
-WHERE e.task = room.task))) ORDER BY e.priority DESC, e.execute_at, e.id 
- LIMIT %(batch)s::INTEGER FOR UPDATE OF e SKIP LOCKED), 
-gated_candidates AS 
+budget AS 
+(SELECT u.task AS task, room.free AS free, room.task IS NOT NULL AS limited 
+FROM unnest(%(tasks)s::TEXT[]) AS u(task) LEFT OUTER JOIN room ON room.task = u.task), 
+fresh_picks AS 
 (SELECT fresh.id AS id, fresh.priority AS priority, fresh.execute_at AS execute_at, fresh.task AS task, fresh.slot AS slot 
-FROM room JOIN LATERAL (SELECT g.id AS id, g.priority AS priority, g.execute_at AS execute_at, g.task AS task, g.slot AS slot 
-FROM app.q_job_executions AS g 
-WHERE g.state = 'pending' AND g.execute_at <= now() AND g.task = room.task AND (g.queue_id IS NULL OR NOT (EXISTS (SELECT * 
+FROM budget JOIN LATERAL (SELECT e.id AS id, e.priority AS priority, e.execute_at AS execute_at, e.task AS task, e.slot AS slot 
+FROM app.q_job_executions AS e 
+WHERE e.state = 'pending' AND e.execute_at <= now() AND e.task = budget.task AND (e.queue_id IS NULL OR NOT (EXISTS (SELECT * 
 FROM app.q_job_executions AS p 
-WHERE p.queue_id = g.queue_id AND (p.execute_at, p.id) < (g.execute_at, g.id)))) AND g.slot IS NULL ORDER BY g.priority DESC, g.execute_at, g.id 
- LIMIT least(room.free, %(batch)s::INTEGER) FOR UPDATE OF g SKIP LOCKED) AS fresh ON true 
-WHERE room.free > %(free_1)s::INTEGER), 
+WHERE p.queue_id = e.queue_id AND (p.execute_at, p.id) < (e.execute_at, e.id)))) AND e.slot IS NULL ORDER BY e.priority DESC, e.execute_at, e.id 
+ LIMIT CASE WHEN budget.limited THEN least(budget.free, %(batch)s::INTEGER) ELSE %(batch)s::INTEGER END FOR UPDATE OF e SKIP LOCKED) AS fresh ON true), 
+seated_picks AS 
+(SELECT seated.id AS id, seated.priority AS priority, seated.execute_at AS execute_at, seated.task AS task, seated.slot AS slot 
+FROM unnest(%(tasks)s::TEXT[]) AS v(task) JOIN LATERAL (SELECT g.id AS id, g.priority AS priority, g.execute_at AS execute_at, g.task AS task, g.slot AS slot 
+FROM app.q_job_executions AS g 
+WHERE g.state = 'pending' AND g.execute_at <= now() AND g.task = v.task AND (g.queue_id IS NULL OR NOT (EXISTS (SELECT * 
+FROM app.q_job_executions AS p 
+WHERE p.queue_id = g.queue_id AND (p.execute_at, p.id) < (g.execute_at, g.id)))) AND g.slot IS NOT NULL ORDER BY g.priority DESC, g.execute_at, g.id 
+ LIMIT %(batch)s::INTEGER FOR UPDATE OF g SKIP LOCKED) AS seated ON true), 
 picked AS 
 (SELECT both_.id AS id, both_.priority AS priority, both_.execute_at AS execute_at, both_.task AS task, both_.slot AS slot 
-FROM (SELECT open_candidates.id AS id, open_candidates.priority AS priority, open_candidates.execute_at AS execute_at, open_candidates.task AS task, open_candidates.slot AS slot 
-FROM open_candidates UNION ALL SELECT gated_candidates.id AS id, gated_candidates.priority AS priority, gated_candidates.execute_at AS execute_at, gated_candidates.task AS task, gated_candidates.slot AS slot 
-FROM gated_candidates) AS both_ ORDER BY both_.priority DESC, both_.execute_at, both_.id 
+FROM (SELECT fresh_picks.id AS id, fresh_picks.priority AS priority, fresh_picks.execute_at AS execute_at, fresh_picks.task AS task, fresh_picks.slot AS slot 
+FROM fresh_picks UNION ALL SELECT seated_picks.id AS id, seated_picks.priority AS priority, seated_picks.execute_at AS execute_at, seated_picks.task AS task, seated_picks.slot AS slot 
+FROM seated_picks) AS both_ ORDER BY both_.priority DESC, both_.execute_at, both_.id 
  LIMIT %(batch)s::INTEGER), 
 numbered AS 
 (SELECT picked.id AS id, picked.task AS task, picked.slot AS slot, row_number() OVER (PARTITION BY picked.task, picked.slot IS NULL ORDER BY picked.priority DESC, picked.execute_at, picked.id) AS k 
 FROM picked), 
 seats AS 
-(SELECT window_.task AS task, window_.seat AS seat, row_number() OVER (PARTITION BY window_.task ORDER BY window_.i) AS k 
-FROM (SELECT room.task AS task, room.held AS held, s_1.i AS i, room.legacy + (s_1.i + %(seat_offset)s::INTEGER) %% greatest(room.lim - room.legacy, %(greatest_2)s::INTEGER) AS seat 
-FROM room JOIN LATERAL generate_series(%(generate_series_1)s::INTEGER, least(room.lim - room.legacy, cardinality(room.held) + %(batch)s::INTEGER) - %(least_1)s::INTEGER) AS s_1(i) ON true) AS window_ 
-WHERE window_.seat != ALL (window_.held)), 
+(SELECT room.task AS task, free_seats.seat AS seat, row_number() OVER (PARTITION BY room.task ORDER BY free_seats.i) AS k 
+FROM room JOIN LATERAL (SELECT s.i AS i, room.legacy + (s.i + %(seat_offset)s::INTEGER) %% greatest(room.lim - room.legacy, %(greatest_2)s::INTEGER) AS seat 
+FROM generate_series(%(generate_series_1)s::INTEGER, least(room.lim - room.legacy, room.held + %(batch)s::INTEGER) - %(least_1)s::INTEGER) AS s(i) 
+WHERE NOT (EXISTS (SELECT * 
+FROM app.q_job_executions AS x 
+WHERE x.task = room.task AND x.slot = room.legacy + (s.i + %(seat_offset)s::INTEGER) %% greatest(room.lim - room.legacy, %(greatest_2)s::INTEGER))) ORDER BY s.i 
+ LIMIT least(room.free, %(batch)s::INTEGER)) AS free_seats ON true 
+WHERE room.free > %(free_1)s::INTEGER), 
 assigned AS 
 (SELECT numbered.id AS id, coalesce(numbered.slot, seats.seat) AS slot 
 FROM numbered LEFT OUTER JOIN seats ON numbered.task = seats.task AND seats.k = numbered.k AND numbered.slot IS NULL 
