@@ -65,7 +65,7 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
     """
     ex = tables.executions
     jobs = tables.jobs
-    outcome = (
+    rows = (
         func.jsonb_to_recordset(cast(bindparam("outcomes", type_=Text), JSONB))
         .table_valued(
             column("id", BigInteger),
@@ -76,8 +76,10 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
             column("execute_at", DateTime(timezone=True)),
             column("delay", Double),
         )
-        .render_derived(name="o", with_types=True)
+        .render_derived(name="r", with_types=True)
     )
+    # Parsed once: inlined, the JSON would be re-read for every row it is joined with.
+    outcome = select(rows).cte("o").prefix_with("MATERIALIZED")
     worker = bindparam("worker", type_=Uuid)
     fence = and_(
         ex.c.id == outcome.c.id,
