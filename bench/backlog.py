@@ -71,8 +71,10 @@ def compiled_claim(db: BenchDatabase, task: str) -> tuple[str, dict[str, Any]]:
     statement = getattr(core, "claim_statement", None)
     if statement is None:
         statement = claim_statement(app.queue.tables)
+    # The limited claim renders its batch size into the SQL at execution time: expand it.
     compiled = statement.compile(dialect=db.engine.dialect)
-    return compiled.string, dict(compiled.construct_params(core.claim_params(BATCH)))
+    state = compiled.construct_expanded_state(core.claim_params(BATCH))
+    return state.statement, dict(state.parameters)
 
 
 # -- seeding ------------------------------------------------------------------------------------
