@@ -56,8 +56,8 @@ class QueueOp(MigrateOperation):
         return f"{type(self).__name__}({fields})"
 
 
-class CreateQueueOp(QueueOp):
-    """Create the queue's tables at one frozen schema version."""
+class _AtVersionOp(QueueOp):
+    """An operation on the queue's tables as they are at one frozen schema version."""
 
     _fields = ("schema", "prefix", "version")
 
@@ -66,6 +66,10 @@ class CreateQueueOp(QueueOp):
     ) -> None:
         super().__init__(schema, prefix)
         self.version = _check_version(version, "version")
+
+
+class CreateQueueOp(_AtVersionOp):
+    """Create the queue's tables at one frozen schema version."""
 
     @classmethod
     def create_queue(
@@ -93,16 +97,8 @@ class CreateQueueOp(QueueOp):
         return ("create_queue", self.schema, self.prefix, self.version)
 
 
-class DropQueueOp(QueueOp):
+class DropQueueOp(_AtVersionOp):
     """Drop the queue's tables, as they are at one schema version."""
-
-    _fields = ("schema", "prefix", "version")
-
-    def __init__(
-        self, schema: str | None = None, prefix: str = DEFAULT_PREFIX, *, version: int
-    ) -> None:
-        super().__init__(schema, prefix)
-        self.version = _check_version(version, "version")
 
     @classmethod
     def drop_queue(

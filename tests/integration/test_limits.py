@@ -72,6 +72,22 @@ def enqueue(engine: Engine, task: Any, priority: int = 0) -> int:
         return job_id
 
 
+def claim_in_thread(connection: Connection, batch: int) -> tuple[threading.Thread, dict[str, Any]]:
+    """Start a claim that may block on another claim's seat; its rows or error land in the dict."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["rows"] = claim(connection, batch)
+        except IntegrityError as exc:
+            outcome["error"] = exc
+            connection.rollback()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
 def wait_until_blocked(engine: Engine, pid: int) -> None:
     deadline = time.monotonic() + 10
     with engine.connect() as connection:
@@ -93,17 +109,7 @@ def test_in_flight_claim_and_higher_priority_arrival(engine: Engine) -> None:
         assert [(r.id,) for r in claim(a, 1)] == [(first,)]
         urgent = enqueue(engine, limited2, priority=10)
         b_pid = b.execute(text("SELECT pg_backend_pid()")).scalar_one()
-        outcome: dict[str, Any] = {}
-
-        def b_claims() -> None:
-            try:
-                outcome["rows"] = claim(b, 1)
-            except IntegrityError as exc:
-                outcome["error"] = exc
-                b.rollback()
-
-        thread = threading.Thread(target=b_claims)
-        thread.start()
+        thread, outcome = claim_in_thread(b, 1)
         # B sees no running row in its snapshot, computes slot 0 as free, and must wait
         # on A's uncommitted entry in the slot index.
         wait_until_blocked(engine, b_pid)
@@ -129,17 +135,7 @@ def test_limit_one_never_admits_a_second_run(engine: Engine) -> None:
     with engine.connect() as a, engine.connect() as b:
         assert [r.id for r in claim(a, 5)] == [first]
         enqueue(engine, limited1, priority=10)
-        outcome: dict[str, Any] = {}
-
-        def b_claims() -> None:
-            try:
-                outcome["rows"] = claim(b, 5)
-            except IntegrityError as exc:
-                outcome["error"] = exc
-                b.rollback()
-
-        thread = threading.Thread(target=b_claims)
-        thread.start()
+        thread, outcome = claim_in_thread(b, 5)
         thread.join(1.0)
         a.commit()
         thread.join(10)
