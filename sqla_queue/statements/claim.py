@@ -166,10 +166,7 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
     """
     ex = tables.executions
     limits = tables.limits
-    # Rendered as a literal at execution (the compiled form is still cached): with the
-    # batch size known, PostgreSQL can keep one generic plan of this large statement per
-    # size instead of planning it afresh on every claim.
-    batch = bindparam("batch", type_=Integer, literal_execute=True)
+    batch = bindparam("batch", type_=Integer)
     declared = cast(bindparam("limit_map", type_=Text), JSONB)
 
     t = func.unnest(tasks).table_valued("task").render_derived(name="t")

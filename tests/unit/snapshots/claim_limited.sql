@@ -24,7 +24,7 @@ FROM app.q_job_executions AS e
 WHERE e.state = 'pending' AND e.execute_at <= now() AND e.task = budget.task AND (e.queue_id IS NULL OR NOT (EXISTS (SELECT * 
 FROM app.q_job_executions AS p 
 WHERE p.queue_id = e.queue_id AND (p.execute_at, p.id) < (e.execute_at, e.id)))) AND e.slot IS NULL ORDER BY e.priority DESC, e.execute_at, e.id 
- LIMIT CASE WHEN budget.limited THEN least(budget.free, __[POSTCOMPILE_batch]) ELSE __[POSTCOMPILE_batch] END FOR UPDATE OF e SKIP LOCKED) AS fresh ON true), 
+ LIMIT CASE WHEN budget.limited THEN least(budget.free, %(batch)s::INTEGER) ELSE %(batch)s::INTEGER END FOR UPDATE OF e SKIP LOCKED) AS fresh ON true), 
 seated_picks AS 
 (SELECT seated.id AS id, seated.priority AS priority, seated.execute_at AS execute_at, seated.task AS task, seated.slot AS slot 
 FROM unnest(%(tasks)s::TEXT[]) AS v(task) JOIN LATERAL (SELECT g.id AS id, g.priority AS priority, g.execute_at AS execute_at, g.task AS task, g.slot AS slot 
@@ -32,24 +32,24 @@ FROM app.q_job_executions AS g
 WHERE g.state = 'pending' AND g.execute_at <= now() AND g.task = v.task AND (g.queue_id IS NULL OR NOT (EXISTS (SELECT * 
 FROM app.q_job_executions AS p 
 WHERE p.queue_id = g.queue_id AND (p.execute_at, p.id) < (g.execute_at, g.id)))) AND g.slot IS NOT NULL ORDER BY g.priority DESC, g.execute_at, g.id 
- LIMIT __[POSTCOMPILE_batch] FOR UPDATE OF g SKIP LOCKED) AS seated ON true), 
+ LIMIT %(batch)s::INTEGER FOR UPDATE OF g SKIP LOCKED) AS seated ON true), 
 picked AS 
 (SELECT both_.id AS id, both_.priority AS priority, both_.execute_at AS execute_at, both_.task AS task, both_.slot AS slot 
 FROM (SELECT fresh_picks.id AS id, fresh_picks.priority AS priority, fresh_picks.execute_at AS execute_at, fresh_picks.task AS task, fresh_picks.slot AS slot 
 FROM fresh_picks UNION ALL SELECT seated_picks.id AS id, seated_picks.priority AS priority, seated_picks.execute_at AS execute_at, seated_picks.task AS task, seated_picks.slot AS slot 
 FROM seated_picks) AS both_ ORDER BY both_.priority DESC, both_.execute_at, both_.id 
- LIMIT __[POSTCOMPILE_batch]), 
+ LIMIT %(batch)s::INTEGER), 
 numbered AS 
 (SELECT picked.id AS id, picked.task AS task, picked.slot AS slot, row_number() OVER (PARTITION BY picked.task, picked.slot IS NULL ORDER BY picked.priority DESC, picked.execute_at, picked.id) AS k 
 FROM picked), 
 seats AS 
 (SELECT room.task AS task, free_seats.seat AS seat, row_number() OVER (PARTITION BY room.task ORDER BY free_seats.i) AS k 
 FROM room JOIN LATERAL (SELECT s.i AS i, room.legacy + (s.i + %(seat_offset)s::INTEGER) %% greatest(room.lim - room.legacy, %(greatest_2)s::INTEGER) AS seat 
-FROM generate_series(%(generate_series_1)s::INTEGER, least(room.lim - room.legacy, room.held + __[POSTCOMPILE_batch]) - %(least_1)s::INTEGER) AS s(i) 
+FROM generate_series(%(generate_series_1)s::INTEGER, least(room.lim - room.legacy, room.held + %(batch)s::INTEGER) - %(least_1)s::INTEGER) AS s(i) 
 WHERE NOT (EXISTS (SELECT * 
 FROM app.q_job_executions AS x 
 WHERE x.task = room.task AND x.slot = room.legacy + (s.i + %(seat_offset)s::INTEGER) %% greatest(room.lim - room.legacy, %(greatest_2)s::INTEGER))) ORDER BY s.i 
- LIMIT least(room.free, __[POSTCOMPILE_batch])) AS free_seats ON true 
+ LIMIT least(room.free, %(batch)s::INTEGER)) AS free_seats ON true 
 WHERE room.free > %(free_1)s::INTEGER), 
 assigned AS 
 (SELECT numbered.id AS id, coalesce(numbered.slot, seats.seat) AS slot 
