@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -43,8 +44,6 @@ class Worker(WorkerBase):
     ) -> None:
         super().__init__(queue, session_factory, settings)
         self.engine: Engine = bound_engine(session_factory)
-        import threading
-
         self._wake = threading.Event()
 
     def run(self, *, burst: bool = False) -> RunStats:
