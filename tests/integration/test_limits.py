@@ -26,6 +26,7 @@ from sqla_queue.worker.base import WorkerBase
 from sqla_queue.worker.settings import WorkerSettings
 from tests.support.app import noop
 from tests.support.limited import limited1, limited2, limited3, queue
+from tests.support.running import pretend_claimed
 
 pytestmark = pytest.mark.integration
 
@@ -216,17 +217,7 @@ def test_running_rows_without_a_slot_are_counted(engine: Engine) -> None:
     """Rows claimed before the upgrade to version 2 hold no slot; the count gate covers them."""
     legacy = enqueue(engine, limited2)
     with engine.begin() as connection:
-        connection.execute(
-            update(EX)
-            .where(EX.c.id == legacy)
-            .values(
-                state="running",
-                worker_id=uuid.uuid4(),
-                attempt=1,
-                alive_at=func.now(),
-                lease_seconds=30.0,
-            )
-        )
+        pretend_claimed(connection, legacy)
     jobs = [enqueue(engine, limited2) for _ in range(3)]
     with engine.begin() as connection:
         got = claim(connection, 5)
@@ -254,8 +245,8 @@ def test_stored_limit_wins_and_applies_without_restart(
         queue.set_limit(session, "limited1", None)
     with SessionLocal() as session:
         assert queue.limits(session)["limited1"].effective == 1
-    with pytest.raises(ValueError, match="whole number"):
-        queue.set_limit(engine.connect(), "limited1", 0)
+    with engine.connect() as connection, pytest.raises(ValueError, match="whole number"):
+        queue.set_limit(connection, "limited1", 0)
 
 
 def test_worker_switches_to_slots_when_a_limit_is_stored(

@@ -6,11 +6,11 @@ import datetime as dt
 import uuid
 
 import pytest
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from tests.support.app import ExecutionLog, queue, sleepy, slow_first
-from tests.support.running import wait_for, worker_thread
+from tests.support.running import pretend_claimed, wait_for, worker_thread
 
 pytestmark = pytest.mark.integration
 
@@ -53,20 +53,9 @@ def test_a_dead_workers_execution_is_reclaimed_and_run_again(
 ) -> None:
     with SessionLocal.begin() as session:
         job_id = sleepy.enqueue(session, seconds=0.0)
-    dead = uuid.uuid4()
     # A worker claimed it a minute ago and then vanished without a heartbeat.
     with engine.begin() as connection:
-        connection.execute(
-            update(EX)
-            .where(EX.c.id == job_id)
-            .values(
-                state="running",
-                worker_id=dead,
-                attempt=1,
-                lease_seconds=30.0,
-                alive_at=func.now() - dt.timedelta(minutes=1),
-            )
-        )
+        pretend_claimed(connection, job_id, alive_for=dt.timedelta(minutes=1))
     stats = queue.worker(SessionLocal).run(burst=True)
     assert stats.succeeded == 1
     with SessionLocal() as session:
@@ -83,17 +72,7 @@ def test_fresh_heartbeat_is_not_reclaimed(
     with SessionLocal.begin() as session:
         job_id = sleepy.enqueue(session, seconds=0.0)
     with engine.begin() as connection:
-        connection.execute(
-            update(EX)
-            .where(EX.c.id == job_id)
-            .values(
-                state="running",
-                worker_id=uuid.uuid4(),
-                attempt=1,
-                lease_seconds=30.0,
-                alive_at=func.now(),
-            )
-        )
+        pretend_claimed(connection, job_id)
     stats = queue.worker(SessionLocal).run(burst=True)
     assert stats.claimed == 0
     assert _state(SessionLocal, job_id) == "running"
@@ -147,17 +126,10 @@ def test_heartbeat_of_a_reclaimed_execution_changes_nothing(
 
     with SessionLocal.begin() as session:
         job_id = sleepy.enqueue(session, seconds=0.0)
-    old, new = uuid.uuid4(), uuid.uuid4()
+    old = uuid.uuid4()
     with engine.begin() as connection:
-        connection.execute(
-            update(EX)
-            .where(EX.c.id == job_id)
-            .values(
-                state="running",
-                worker_id=new,
-                attempt=2,
-                alive_at=func.now() - dt.timedelta(hours=1),
-            )
+        new = pretend_claimed(
+            connection, job_id, attempt=2, alive_for=dt.timedelta(hours=1), lease_seconds=None
         )
         stale = statements.heartbeat_statement(queue.tables)
         # The old owner (attempt 1) and a wrong attempt of the new owner both miss.

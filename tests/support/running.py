@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -43,3 +45,37 @@ def wait_for(condition: Callable[[], bool], timeout: float = 30.0, interval: flo
             return
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s")
+
+
+def pretend_claimed(
+    connection: Any,
+    job_id: int,
+    *,
+    worker: uuid.UUID | None = None,
+    attempt: int = 1,
+    alive_for: dt.timedelta = dt.timedelta(0),
+    lease_seconds: float | None = 30.0,
+) -> uuid.UUID:
+    """Mark an execution running, as a claim by ``worker`` would have, last alive ``alive_for`` ago.
+
+    Returns the worker id, a fresh one unless given. Lets a test stage a dead, slow or
+    pre-upgrade worker without running one.
+    """
+    from sqlalchemy import func, update
+
+    from tests.support.app import queue
+
+    owner = worker or uuid.uuid4()
+    ex = queue.tables.executions
+    connection.execute(
+        update(ex)
+        .where(ex.c.id == job_id)
+        .values(
+            state="running",
+            worker_id=owner,
+            attempt=attempt,
+            lease_seconds=lease_seconds,
+            alive_at=func.now() - alive_for,
+        )
+    )
+    return owner
