@@ -7,7 +7,6 @@ proposals are pure functions; the database-backed run is in tests/migration. The
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,17 +36,6 @@ from sqla_queue.models.tables import SCHEMA_VERSION, build_tables
 from sqla_queue.schema.manifest import index_shape, normalize_type
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def clean_alembic() -> Iterator[None]:
-    """Alembic without alembic_ext for the test; the previous state is restored after it."""
-    was_installed = alembic_ext.is_installed()
-    alembic_ext.uninstall()
-    yield
-    alembic_ext.uninstall()
-    if was_installed:
-        alembic_ext.install()
 
 
 def target(version: int = SCHEMA_VERSION, schema: str | None = "work") -> QueueTarget:

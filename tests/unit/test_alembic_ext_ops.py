@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterator
 
 import pytest
 from alembic.autogenerate import comparators
@@ -25,17 +24,6 @@ from sqla_queue.errors import InvalidIdentifierError
 pytestmark = pytest.mark.unit
 
 OPERATION_NAMES = ("create_queue", "drop_queue", "upgrade_queue")
-
-
-@pytest.fixture
-def clean_alembic() -> Iterator[None]:
-    """Alembic without alembic_ext for the test; the previous state is restored after it."""
-    was_installed = alembic_ext.is_installed()
-    alembic_ext.uninstall()
-    yield
-    alembic_ext.uninstall()
-    if was_installed:
-        alembic_ext.install()
 
 
 def offline_operations() -> tuple[Operations, io.StringIO]:

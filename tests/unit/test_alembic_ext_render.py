@@ -7,7 +7,6 @@ restores the previous registrations afterwards.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 
 import pytest
 from alembic.autogenerate.api import AutogenContext
@@ -21,17 +20,6 @@ from alembic_ext import CreateQueueOp, DropQueueOp, UpgradeQueueOp
 from alembic_ext.render import IMPORT_LINE
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def clean_alembic() -> Iterator[None]:
-    """Alembic without alembic_ext for the test; the previous state is restored after it."""
-    was_installed = alembic_ext.is_installed()
-    alembic_ext.uninstall()
-    yield
-    alembic_ext.uninstall()
-    if was_installed:
-        alembic_ext.install()
 
 
 def autogen_context(module_prefix: str = "op.") -> AutogenContext:
