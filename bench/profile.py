@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--task", help="task to drain (default: the no-op), e.g. bench.limit5000")
     parser.add_argument("--py-spy", choices=("none", "gil", "idle"), default="none")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--out", type=Path, default=Path("bench-profile"))
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             args.workers,
             args.batch,
             args.jobs,
+            task=args.task,
             extra_args=["--trace-statements"],
             prefixes=prefixes,
             env={"PGOPTIONS": args.pgoptions} if args.pgoptions else None,

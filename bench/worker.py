@@ -80,7 +80,7 @@ def _report(**values: Any) -> None:
 
 def statement_kind(statement: str) -> str:
     """Which of the worker's statements ``statement`` is (for ``--trace-statements``)."""
-    if "candidates AS" in statement:
+    if "candidates AS" in statement or "seats AS" in statement:
         return "claim"
     if "jsonb_to_recordset" in statement and "finished AS" in statement:
         return "complete"

@@ -1,6 +1,7 @@
 """The claim: one statement that picks, locks, marks and returns a batch of executions.
 
-Parameters of both shapes: ``tasks`` (text[] of the worker's task names), ``batch`` (int),
+Parameters of both shapes: ``tasks`` (text[] of the worker's task names), ``batch`` (int,
+rendered into the SQL text when the statement runs; see :func:`_batch_size`),
 ``worker`` (uuid), ``lease`` (default lost interval, seconds) and ``lease_map`` (jsonb text
 mapping a task name to its own lost interval; ``'{}'`` when none differs). The limited shape
 adds ``limit_map`` (jsonb text: the concurrency limits declared in code, by task name) and
@@ -39,6 +40,19 @@ from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements._common import PENDING, RUNNING
 
 __all__ = ["claim_statement"]
+
+
+def _batch_size() -> Any:
+    """The ``batch`` parameter: the most executions one claim takes.
+
+    It is rendered into the SQL text at execution time rather than bound. The worker's
+    connection runs the claim as a prepared statement with a generic plan (no planning
+    per claim), and a generic plan cannot see a bound LIMIT: the planner then assumes a
+    tenth of the table comes back and joins the claimed rows to ``jobs`` by a hash over
+    the whole table. With the number in the text, each batch size gets its own prepared
+    statement whose plan knows how few rows it returns.
+    """
+    return bindparam("batch", type_=Integer, literal_execute=True)
 
 
 def _claimable(tables: QueueTables, row: Any, tasks: ColumnElement[Any]) -> list[Any]:
@@ -99,7 +113,7 @@ def claim_statement(tables: QueueTables, *, limited: bool = False) -> Select[*tu
             select(e.c.id)
             .where(*_claimable(tables, e, any_(tasks)))
             .order_by(*_claim_order(e))
-            .limit(bindparam("batch", type_=Integer))
+            .limit(_batch_size())
             .with_for_update(of=e, skip_locked=True)
             .cte("candidates")
         )
@@ -147,26 +161,29 @@ def claim_statement(tables: QueueTables, *, limited: bool = False) -> Select[*tu
 def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[Any]]:
     """The picks of a claim that respects concurrency limits, and each pick's slot.
 
-    * ``room``: per limited task, its limit (the stored one, else the one declared in
-      code), the running executions without a slot (claimed before version 2: the count
-      gate), the number of slots held, and the free capacity. Read from this statement's snapshot,
-      so it can be stale by an in-flight claim: that is what the slot index is for.
-    * ``fresh_picks``: per task of the worker, the first rows without a seat, walked in
-      that task's slice of ``task_claim_ix``: up to a batch for an unlimited task, up to
-      its free capacity for a limited one. The capacity check comes before the LIMIT, so
-      a full task never fills the batch with rows it may not run and starve the rest.
-    * ``seated_picks``: executions that already hold a slot (a reclaimed job keeps its
-      seat), from the small ``seated_ix``; never gated.
+    * ``room``: per limited task of the worker, its limit (the stored one, else the one
+      declared in code), the running executions without a slot (claimed before version 2:
+      the count gate) and the slots held. Read from this statement's snapshot, so it can
+      be stale by an in-flight claim: that is what the slot index is for.
+    * ``picked``: per task of the worker, the first rows without a seat, walked in that
+      task's slice of ``task_claim_ix``: up to a batch for an unlimited task, up to its free
+      capacity for a limited one. The capacity check comes before the LIMIT, so a full task
+      never fills the batch with rows it may not run and starve the rest. Beside them, the
+      executions that already hold a slot (a reclaimed job keeps its seat), from the small
+      ``seated_ix``, never gated. The best ``batch`` of both, each numbered within its task.
     * ``seats``: the k-th free slot for the k-th fresh pick of a task. The search covers
       only ``held + batch`` numbers, never a limit-sized series, so a claim costs the same
       at limit 10 and at limit 5000. It starts at a random offset: claims racing for a
       roomy limit then rarely pick the same seat (the loser of a collision gets an empty
       batch). Slots lie in ``legacy .. limit-1``: with running rows that hold no slot,
       fewer seats exist, and the unique index still sees every seat that is taken.
+
+    Few CTEs, on purpose: every one is a node the executor sets up at each claim, and this
+    statement runs once per batch.
     """
     ex = tables.executions
     limits = tables.limits
-    batch = bindparam("batch", type_=Integer)
+    batch = _batch_size()
     declared = cast(bindparam("limit_map", type_=Text), JSONB)
 
     t = func.unnest(tasks).table_valued("task").render_derived(name="t")
@@ -174,51 +191,36 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
         limits.c.concurrency_limit,
         cast(func.jsonb_extract_path_text(declared, t.c.task), Integer),
     )
-    stated = (
-        select(t.c.task, limit.label("lim"))
-        .select_from(t.outerjoin(limits, limits.c.task == t.c.task))
-        .cte("stated_limits")
-    )
     r = ex.alias("r")
     legacy = (
         select(func.count())
-        .where(r.c.task == stated.c.task, r.c.state == RUNNING, r.c.slot.is_(None))
+        .where(r.c.task == t.c.task, r.c.state == RUNNING, r.c.slot.is_(None))
         .scalar_subquery()
     )
     h = ex.alias("h")
-    held = (
-        select(func.count())
-        .where(h.c.task == stated.c.task, h.c.slot.is_not(None))
-        .scalar_subquery()
+    held = select(func.count()).where(h.c.task == t.c.task, h.c.slot.is_not(None)).scalar_subquery()
+    # Materialized: each count runs once, however often the columns are used below.
+    room = (
+        select(t.c.task, limit.label("lim"), legacy.label("legacy"), held.label("held"))
+        .select_from(t.outerjoin(limits, limits.c.task == t.c.task))
+        .where(limit.is_not(None))
+        .cte("room")
+        .prefix_with("MATERIALIZED")
     )
-    usage = (
-        select(stated.c.task, stated.c.lim, legacy.label("legacy"), held.label("held"))
-        .where(stated.c.lim.is_not(None))
-        .subquery("usage")
-    )
-    room = select(
-        usage,
-        func.greatest(usage.c.lim - usage.c.legacy - usage.c.held, 0).label("free"),
-    ).cte("room")
+    free = func.greatest(room.c.lim - room.c.legacy - room.c.held, 0)
 
     # Every pick walks one task's own slice of an index (task first), so neither a large
     # backlog of a limited task nor another task's backlog is scanned and filtered.
     u = func.unnest(tasks).table_valued("task").render_derived(name="u")
-    budget = (
-        select(u.c.task, room.c.free, room.c.task.is_not(None).label("limited"))
-        .select_from(u.outerjoin(room, room.c.task == u.c.task))
-        .cte("budget")
-    )
     e = ex.alias("e")
     fresh = (
         select(e.c.id, e.c.priority, e.c.execute_at, e.c.task, e.c.slot)
-        .where(*_claimable(tables, e, budget.c.task), e.c.slot.is_(None))
+        .where(*_claimable(tables, e, u.c.task), e.c.slot.is_(None))
         .order_by(*_claim_order(e))
-        .limit(case((budget.c.limited, func.least(budget.c.free, batch)), else_=batch))
+        .limit(case((room.c.task.is_(None), batch), else_=func.least(free, batch)))
         .with_for_update(of=e, skip_locked=True)
         .lateral("fresh")
     )
-    fresh_picks = select(fresh).select_from(budget.join(fresh, true())).cte("fresh_picks")
     # A reclaimed execution keeps its seat: it is claimed again whatever the room, so
     # recovery is never gated by the limit.
     v = func.unnest(tasks).table_valued("task").render_derived(name="v")
@@ -231,20 +233,19 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
         .with_for_update(of=g, skip_locked=True)
         .lateral("seated")
     )
-    seated_picks = select(seated).select_from(v.join(seated, true())).cte("seated_picks")
-    both = union_all(select(fresh_picks), select(seated_picks)).subquery("both_")
-    picked = select(both).order_by(*_claim_order(both)).limit(batch).cte("picked")
-    numbered = select(
-        picked.c.id,
-        picked.c.task,
-        picked.c.slot,
+    both = union_all(
+        select(fresh).select_from(u.outerjoin(room, room.c.task == u.c.task).join(fresh, true())),
+        select(seated).select_from(v.join(seated, true())),
+    ).subquery("both_")
+    best = select(both).order_by(*_claim_order(both)).limit(batch).subquery("best")
+    picked = select(
+        best.c.id,
+        best.c.task,
+        best.c.slot,
         func.row_number()
-        .over(
-            partition_by=(picked.c.task, picked.c.slot.is_(None)),
-            order_by=_claim_order(picked),
-        )
+        .over(partition_by=(best.c.task, best.c.slot.is_(None)), order_by=_claim_order(best))
         .label("k"),
-    ).cte("numbered")
+    ).cte("picked")
     # Seats usable now: legacy .. lim-1. The window is walked from a random offset, so two
     # claims racing for a roomy limit rarely compute the same seats and collide.
     usable = func.greatest(room.c.lim - room.c.legacy, 1)
@@ -257,12 +258,20 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
     seat = room.c.legacy + (s.c.i + offset) % usable
     x = ex.alias("x")
     # A seat is free when no execution holds it: one probe of the slot index per seat
-    # tried, stopping once enough are found.
+    # tried, stopping once enough are found. A scalar probe rather than NOT EXISTS: the
+    # planner would turn NOT EXISTS into an anti join hashing every held seat of the task.
+    holder = (
+        select(x.c.id)
+        .where(x.c.task == room.c.task, x.c.slot == seat)
+        .limit(1)
+        .correlate_except(x)
+        .scalar_subquery()
+    )
     free_seats = (
         select(s.c.i, seat.label("seat"))
-        .where(~exists().where(x.c.task == room.c.task, x.c.slot == seat).correlate_except(x))
+        .where(holder.is_(None))
         .order_by(s.c.i)
-        .limit(func.least(room.c.free, batch))
+        .limit(func.least(free, batch))
         .lateral("free_seats")
     )
     seats = (
@@ -272,24 +281,24 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
             func.row_number().over(partition_by=room.c.task, order_by=free_seats.c.i).label("k"),
         )
         .select_from(room.join(free_seats, true()))
-        .where(room.c.free > 0)
+        .where(free > 0)
         .cte("seats")
     )
-    slot = func.coalesce(numbered.c.slot, seats.c.seat)
+    slot = func.coalesce(picked.c.slot, seats.c.seat)
     assigned = (
-        select(numbered.c.id, slot.label("slot"))
+        select(picked.c.id, slot.label("slot"))
         .select_from(
-            numbered.outerjoin(
+            picked.outerjoin(
                 seats,
                 and_(
-                    seats.c.task == numbered.c.task,
-                    seats.c.k == numbered.c.k,
-                    numbered.c.slot.is_(None),
+                    seats.c.task == picked.c.task,
+                    seats.c.k == picked.c.k,
+                    picked.c.slot.is_(None),
                 ),
             )
         )
         # Belt and braces: a limited task's row without a seat is never claimed.
-        .where(or_(slot.is_not(None), ~exists().where(room.c.task == numbered.c.task)))
+        .where(or_(slot.is_not(None), ~exists().where(room.c.task == picked.c.task)))
         .cte("assigned")
     )
     return assigned, assigned.c.slot

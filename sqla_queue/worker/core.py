@@ -46,6 +46,17 @@ _BACK_TO_PENDING = (OutcomeKind.RETRY, OutcomeKind.RESCHEDULE, OutcomeKind.RELEA
 #: Longest pause after a database error before trying again, in seconds.
 MAX_ERROR_BACKOFF = 10.0
 
+#: Session settings of the worker's own connection (``WorkerSettings.generic_plans``).
+#: The driver prepares a statement once it has run a few times; PostgreSQL would still
+#: plan the claim afresh at every run because its estimate of a generic plan is poor,
+#: and planning costs as much as executing. Forcing the generic plan removes that work;
+#: every statement this connection runs has a generic plan that uses the same indexes
+#: (tests/integration/test_generic_plans.py checks them). JIT is off because those
+#: pessimistic estimates would otherwise cross ``jit_above_cost`` and compile each claim
+#: for longer than it runs. The connection is closed, never returned to the pool, so the
+#: settings do not leak into the application's sessions.
+GENERIC_PLAN_SETTINGS = ("SET plan_cache_mode = force_generic_plan", "SET jit = off")
+
 
 @dataclass(frozen=True)
 class Flush:
@@ -177,6 +188,7 @@ class WorkerCore:
         self.complete_statement = statements.complete_statement(queue.tables)
         self.heartbeat_statement = statements.heartbeat_statement(queue.tables)
         self.reclaim_statement = statements.reclaim_statement(queue.tables)
+        self.session_setup = GENERIC_PLAN_SETTINGS if settings.generic_plans else ()
         self._claim_params: dict[str, Any] = {
             "tasks": sorted(self.tasks),
             "worker": self.worker_id,

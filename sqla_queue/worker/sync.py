@@ -90,6 +90,8 @@ class Worker(WorkerBase):
                         connection = self.engine.connect().execution_options(
                             isolation_level="AUTOCOMMIT"
                         )
+                        for setting in core.session_setup:
+                            connection.exec_driver_sql(setting)
                     self._perform(connection, core, action, now, pool, private_loop, make_context)
                 except DBAPIError as exc:
                     _discard(connection)

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import statements
 from tests.support.app import boom, keyed, noop, queue, record
+from tests.support.plans import captured_statements, dumps, generic_plan, scans
 
 pytestmark = pytest.mark.integration
 
@@ -169,14 +170,21 @@ def test_claim_compiles_once_and_is_cached(engine: Engine) -> None:
 
 
 def test_claim_plan_uses_the_partial_index(engine: Engine, owner_engine: Engine) -> None:
-    """Query-plan regression: with a seeded backlog, no sequential scan of either table."""
+    """Query-plan regression: with a seeded backlog, no sequential scan of either table.
+
+    Both plans the claim can get: planned for its values, and the generic plan of the
+    prepared statement a worker's connection runs.
+    """
     enqueue(engine, [noop.call() for _ in range(20_000)] + [boom.call() for _ in range(500)])
     with owner_engine.begin() as connection:
         connection.execute(text("ANALYZE"))
+    with captured_statements(engine) as seen, engine.connect() as connection:
+        claim(connection, ["noop"], 10)
+        connection.rollback()
+    sql, params = seen[-1]
     with engine.begin() as connection:
-        compiled = CLAIM.compile(dialect=engine.dialect)
-        params = compiled.construct_params(claim_params(["noop"], 10))
-        explain = connection.exec_driver_sql("EXPLAIN (FORMAT JSON) " + str(compiled), params)
-        plan = json.dumps(explain.scalar_one())
-    assert "Seq Scan" not in plan, plan
-    assert "sqla_queue_job_executions_claim_ix" in plan
+        custom = connection.exec_driver_sql("EXPLAIN (FORMAT JSON) " + sql, params).scalar_one()
+        generic = generic_plan(connection, sql, params)
+    for plan in (custom[0], generic):
+        assert [s for s in scans(plan) if s[0] == "Seq Scan"] == [], dumps(plan)
+        assert ("Index Scan", queue.tables.executions.name, "sqla_queue_job_executions_claim_ix") in scans(plan)

@@ -2,61 +2,47 @@ WITH next_due AS
 (SELECT min(app.q_job_executions.execute_at) AS at 
 FROM app.q_job_executions 
 WHERE app.q_job_executions.state = 'pending' AND app.q_job_executions.task = ANY (%(tasks)s::TEXT[]) AND app.q_job_executions.execute_at > now()), 
-stated_limits AS 
-(SELECT t.task AS task, coalesce(app.q_task_limits.concurrency_limit, CAST(jsonb_extract_path_text(CAST(%(limit_map)s::VARCHAR AS JSONB), t.task) AS INTEGER)) AS lim 
-FROM unnest(%(tasks)s::TEXT[]) AS t(task) LEFT OUTER JOIN app.q_task_limits ON app.q_task_limits.task = t.task), 
-room AS 
-(SELECT usage.task AS task, usage.lim AS lim, usage.legacy AS legacy, usage.held AS held, greatest((usage.lim - usage.legacy) - usage.held, %(greatest_1)s::INTEGER) AS free 
-FROM (SELECT stated_limits.task AS task, stated_limits.lim AS lim, (SELECT count(*) AS count_1 
+room AS MATERIALIZED 
+(SELECT t.task AS task, coalesce(app.q_task_limits.concurrency_limit, CAST(jsonb_extract_path_text(CAST(%(limit_map)s::VARCHAR AS JSONB), t.task) AS INTEGER)) AS lim, (SELECT count(*) AS count_1 
 FROM app.q_job_executions AS r 
-WHERE r.task = stated_limits.task AND r.state = 'running' AND r.slot IS NULL) AS legacy, (SELECT count(*) AS count_2 
+WHERE r.task = t.task AND r.state = 'running' AND r.slot IS NULL) AS legacy, (SELECT count(*) AS count_2 
 FROM app.q_job_executions AS h 
-WHERE h.task = stated_limits.task AND h.slot IS NOT NULL) AS held 
-FROM stated_limits 
-WHERE stated_limits.lim IS NOT NULL) AS usage), 
-budget AS 
-(SELECT u.task AS task, room.free AS free, room.task IS NOT NULL AS limited 
-FROM unnest(%(tasks)s::TEXT[]) AS u(task) LEFT OUTER JOIN room ON room.task = u.task), 
-fresh_picks AS 
-(SELECT fresh.id AS id, fresh.priority AS priority, fresh.execute_at AS execute_at, fresh.task AS task, fresh.slot AS slot 
-FROM budget JOIN LATERAL (SELECT e.id AS id, e.priority AS priority, e.execute_at AS execute_at, e.task AS task, e.slot AS slot 
+WHERE h.task = t.task AND h.slot IS NOT NULL) AS held 
+FROM unnest(%(tasks)s::TEXT[]) AS t(task) LEFT OUTER JOIN app.q_task_limits ON app.q_task_limits.task = t.task 
+WHERE coalesce(app.q_task_limits.concurrency_limit, CAST(jsonb_extract_path_text(CAST(%(limit_map)s::VARCHAR AS JSONB), t.task) AS INTEGER)) IS NOT NULL), 
+picked AS 
+(SELECT best.id AS id, best.task AS task, best.slot AS slot, row_number() OVER (PARTITION BY best.task, best.slot IS NULL ORDER BY best.priority DESC, best.execute_at, best.id) AS k 
+FROM (SELECT both_.id AS id, both_.priority AS priority, both_.execute_at AS execute_at, both_.task AS task, both_.slot AS slot 
+FROM (SELECT fresh.id AS id, fresh.priority AS priority, fresh.execute_at AS execute_at, fresh.task AS task, fresh.slot AS slot 
+FROM unnest(%(tasks)s::TEXT[]) AS u(task) LEFT OUTER JOIN room ON room.task = u.task JOIN LATERAL (SELECT e.id AS id, e.priority AS priority, e.execute_at AS execute_at, e.task AS task, e.slot AS slot 
 FROM app.q_job_executions AS e 
-WHERE e.state = 'pending' AND e.execute_at <= now() AND e.task = budget.task AND (e.queue_id IS NULL OR NOT (EXISTS (SELECT * 
+WHERE e.state = 'pending' AND e.execute_at <= now() AND e.task = u.task AND (e.queue_id IS NULL OR NOT (EXISTS (SELECT * 
 FROM app.q_job_executions AS p 
 WHERE p.queue_id = e.queue_id AND (p.execute_at, p.id) < (e.execute_at, e.id)))) AND e.slot IS NULL ORDER BY e.priority DESC, e.execute_at, e.id 
- LIMIT CASE WHEN budget.limited THEN least(budget.free, %(batch)s::INTEGER) ELSE %(batch)s::INTEGER END FOR UPDATE OF e SKIP LOCKED) AS fresh ON true), 
-seated_picks AS 
-(SELECT seated.id AS id, seated.priority AS priority, seated.execute_at AS execute_at, seated.task AS task, seated.slot AS slot 
+ LIMIT CASE WHEN (room.task IS NULL) THEN __[POSTCOMPILE_batch] ELSE least(greatest((room.lim - room.legacy) - room.held, %(greatest_1)s::INTEGER), __[POSTCOMPILE_batch]) END FOR UPDATE OF e SKIP LOCKED) AS fresh ON true UNION ALL SELECT seated.id AS id, seated.priority AS priority, seated.execute_at AS execute_at, seated.task AS task, seated.slot AS slot 
 FROM unnest(%(tasks)s::TEXT[]) AS v(task) JOIN LATERAL (SELECT g.id AS id, g.priority AS priority, g.execute_at AS execute_at, g.task AS task, g.slot AS slot 
 FROM app.q_job_executions AS g 
 WHERE g.state = 'pending' AND g.execute_at <= now() AND g.task = v.task AND (g.queue_id IS NULL OR NOT (EXISTS (SELECT * 
 FROM app.q_job_executions AS p 
 WHERE p.queue_id = g.queue_id AND (p.execute_at, p.id) < (g.execute_at, g.id)))) AND g.slot IS NOT NULL ORDER BY g.priority DESC, g.execute_at, g.id 
- LIMIT %(batch)s::INTEGER FOR UPDATE OF g SKIP LOCKED) AS seated ON true), 
-picked AS 
-(SELECT both_.id AS id, both_.priority AS priority, both_.execute_at AS execute_at, both_.task AS task, both_.slot AS slot 
-FROM (SELECT fresh_picks.id AS id, fresh_picks.priority AS priority, fresh_picks.execute_at AS execute_at, fresh_picks.task AS task, fresh_picks.slot AS slot 
-FROM fresh_picks UNION ALL SELECT seated_picks.id AS id, seated_picks.priority AS priority, seated_picks.execute_at AS execute_at, seated_picks.task AS task, seated_picks.slot AS slot 
-FROM seated_picks) AS both_ ORDER BY both_.priority DESC, both_.execute_at, both_.id 
- LIMIT %(batch)s::INTEGER), 
-numbered AS 
-(SELECT picked.id AS id, picked.task AS task, picked.slot AS slot, row_number() OVER (PARTITION BY picked.task, picked.slot IS NULL ORDER BY picked.priority DESC, picked.execute_at, picked.id) AS k 
-FROM picked), 
+ LIMIT __[POSTCOMPILE_batch] FOR UPDATE OF g SKIP LOCKED) AS seated ON true) AS both_ ORDER BY both_.priority DESC, both_.execute_at, both_.id 
+ LIMIT __[POSTCOMPILE_batch]) AS best), 
 seats AS 
 (SELECT room.task AS task, free_seats.seat AS seat, row_number() OVER (PARTITION BY room.task ORDER BY free_seats.i) AS k 
 FROM room JOIN LATERAL (SELECT s.i AS i, room.legacy + (s.i + %(seat_offset)s::INTEGER) %% greatest(room.lim - room.legacy, %(greatest_2)s::INTEGER) AS seat 
-FROM generate_series(%(generate_series_1)s::INTEGER, least(room.lim - room.legacy, room.held + %(batch)s::INTEGER) - %(least_1)s::INTEGER) AS s(i) 
-WHERE NOT (EXISTS (SELECT * 
+FROM generate_series(%(generate_series_1)s::INTEGER, least(room.lim - room.legacy, room.held + __[POSTCOMPILE_batch]) - %(least_1)s::INTEGER) AS s(i) 
+WHERE (SELECT x.id 
 FROM app.q_job_executions AS x 
-WHERE x.task = room.task AND x.slot = room.legacy + (s.i + %(seat_offset)s::INTEGER) %% greatest(room.lim - room.legacy, %(greatest_2)s::INTEGER))) ORDER BY s.i 
- LIMIT least(room.free, %(batch)s::INTEGER)) AS free_seats ON true 
-WHERE room.free > %(free_1)s::INTEGER), 
+WHERE x.task = room.task AND x.slot = room.legacy + (s.i + %(seat_offset)s::INTEGER) %% greatest(room.lim - room.legacy, %(greatest_2)s::INTEGER) 
+ LIMIT %(param_1)s::INTEGER) IS NULL ORDER BY s.i 
+ LIMIT least(greatest((room.lim - room.legacy) - room.held, %(greatest_1)s::INTEGER), __[POSTCOMPILE_batch])) AS free_seats ON true 
+WHERE greatest((room.lim - room.legacy) - room.held, %(greatest_1)s::INTEGER) > %(greatest_3)s::INTEGER), 
 assigned AS 
-(SELECT numbered.id AS id, coalesce(numbered.slot, seats.seat) AS slot 
-FROM numbered LEFT OUTER JOIN seats ON numbered.task = seats.task AND seats.k = numbered.k AND numbered.slot IS NULL 
-WHERE coalesce(numbered.slot, seats.seat) IS NOT NULL OR NOT (EXISTS (SELECT * 
+(SELECT picked.id AS id, coalesce(picked.slot, seats.seat) AS slot 
+FROM picked LEFT OUTER JOIN seats ON picked.task = seats.task AND seats.k = picked.k AND picked.slot IS NULL 
+WHERE coalesce(picked.slot, seats.seat) IS NOT NULL OR NOT (EXISTS (SELECT * 
 FROM room 
-WHERE numbered.task = room.task))), 
+WHERE picked.task = room.task))), 
 claimed AS 
 (UPDATE app.q_job_executions SET state='running', attempt=(app.q_job_executions.attempt + %(attempt_1)s::INTEGER), worker_id=%(worker)s::UUID, alive_at=now(), lease_seconds=coalesce(CAST(jsonb_extract_path_text(CAST(%(lease_map)s::VARCHAR AS JSONB), app.q_job_executions.task) AS DOUBLE PRECISION), %(lease)s), slot=assigned.slot FROM assigned WHERE app.q_job_executions.id = assigned.id RETURNING app.q_job_executions.id, app.q_job_executions.attempt, app.q_job_executions.reclaims, app.q_job_executions.queue_id)
  SELECT next_due.at AS next_due, claimed.id, claimed.attempt, claimed.reclaims, claimed.queue_id, app.q_jobs.task, app.q_jobs.payload, app.q_jobs.max_attempts 

@@ -1,0 +1,97 @@
+"""The generic plans a worker's connection runs: every one uses the queue's indexes.
+
+A worker forces generic plans on its own connection (``WorkerSettings.generic_plans``),
+so the plan of each statement is made once, without the parameter values. These tests
+record what a real worker sends, seed a backlog, and explain each statement's generic
+plan: a sequential scan of the jobs or executions table there would cost every claim a
+pass over the whole queue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from tests.support.app import boom, noop, queue
+from tests.support.limited import limited3
+from tests.support.plans import captured_statements, dumps, generic_plan, scans
+
+pytestmark = pytest.mark.integration
+
+QUEUE_TABLES = {queue.tables.jobs.name, queue.tables.executions.name}
+
+
+def _worker_statements(seen: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The distinct statements on the queue's tables, each with its first parameters."""
+    distinct: dict[str, dict[str, Any]] = {}
+    for sql, params in seen:
+        if queue.tables.executions.name in sql and "pg_catalog" not in sql:
+            distinct.setdefault(sql, params)
+    return distinct
+
+
+def _drain(SessionLocal: sessionmaker[Session], tasks: list[str]) -> None:
+    worker = queue.worker(
+        SessionLocal, tasks=tasks, concurrency=5, install_signal_handlers=False
+    )
+    worker.run(burst=True)
+
+
+def test_every_worker_statement_has_an_indexed_generic_plan(
+    engine: Engine, owner_engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    with Session(engine) as session, session.begin():
+        queue.enqueue_many(
+            session,
+            [noop.call() for _ in range(30)]
+            + [limited3.call() for _ in range(30)]
+            + [boom.call() for _ in range(5)],
+        )
+    with captured_statements(engine) as seen:
+        _drain(SessionLocal, ["noop", "boom"])  # plain claim
+        _drain(SessionLocal, ["limited3"])  # slot-aware claim
+    statements = _worker_statements(seen)
+    kinds = {
+        "plain claim": "candidates AS",
+        "limited claim": "seats AS",
+        "completion": "finished AS",
+        "reclaim": "WITH stale AS",
+    }
+    for kind, marker in kinds.items():
+        assert any(marker in sql for sql in statements), f"the worker never ran the {kind}"
+
+    # A backlog and a history large enough that a scan would be the costly choice.
+    with Session(engine) as session, session.begin():
+        queue.enqueue_many(
+            session, [noop.call() for _ in range(20_000)] + [limited3.call() for _ in range(5_000)]
+        )
+    with owner_engine.begin() as connection:
+        connection.execute(text("ANALYZE"))
+    with engine.connect() as connection:
+        for sql, params in statements.items():
+            with connection.begin():
+                plan = generic_plan(connection, sql, params)
+            full_scans = [
+                relation
+                for node, relation, _ in scans(plan)
+                if node == "Seq Scan" and relation in QUEUE_TABLES
+            ]
+            assert not full_scans, f"{sql}\n{dumps(plan)}"
+
+
+def test_the_claim_batch_is_part_of_the_statement_text(engine: Engine) -> None:
+    """Each batch size is its own statement, so its generic plan knows the row count."""
+    from sqla_queue import statements
+
+    claim = statements.claim_statement(queue.tables)
+    params = {"tasks": ["noop"], "worker": None, "lease": 30.0, "lease_map": "{}"}
+    with captured_statements(engine) as seen, engine.connect() as connection:
+        for batch in (3, 7):
+            connection.execute(claim, {**params, "batch": batch}).all()
+            connection.rollback()
+    texts = [sql for sql, _ in seen]
+    assert "LIMIT 3 FOR UPDATE" in texts[0] and "LIMIT 7 FOR UPDATE" in texts[1]
+    assert all("batch" not in params for _, params in seen)
