@@ -187,4 +187,5 @@ def test_claim_plan_uses_the_partial_index(engine: Engine, owner_engine: Engine)
         generic = generic_plan(connection, sql, params)
     for plan in (custom[0], generic):
         assert [s for s in scans(plan) if s[0] == "Seq Scan"] == [], dumps(plan)
-        assert ("Index Scan", queue.tables.executions.name, "sqla_queue_job_executions_claim_ix") in scans(plan)
+        claim_ix = "sqla_queue_job_executions_claim_ix"
+        assert ("Index Scan", queue.tables.executions.name, claim_ix) in scans(plan)

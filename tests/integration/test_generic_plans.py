@@ -34,9 +34,7 @@ def _worker_statements(seen: list[tuple[str, dict[str, Any]]]) -> dict[str, dict
 
 
 def _drain(SessionLocal: sessionmaker[Session], tasks: list[str]) -> None:
-    worker = queue.worker(
-        SessionLocal, tasks=tasks, concurrency=5, install_signal_handlers=False
-    )
+    worker = queue.worker(SessionLocal, tasks=tasks, concurrency=5, install_signal_handlers=False)
     worker.run(burst=True)
 
 
