@@ -92,11 +92,26 @@ def statement_kind(statement: str) -> str:
 
 
 def trace_statements(engine: Engine, counts: Counter[str]) -> None:
-    """Count the statements ``engine`` sends into ``counts``, by kind."""
+    """Count the statements ``engine`` sends into ``counts``, by kind.
+
+    Statements the worker runs on psycopg's raw cursor (``raw_statements``) pass no engine
+    event; they are counted where they are rendered, BEGIN and COMMIT as "other".
+    """
+    from sqla_queue.worker.raw import RawStatements
 
     @event.listens_for(engine, "before_cursor_execute")
     def _count(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
         counts[statement_kind(statement)] += 1
+
+    render_steps = RawStatements.render_steps
+
+    def counted(self: RawStatements, steps: Any, *, atomic: bool) -> Any:
+        rendered = render_steps(self, steps, atomic=atomic)
+        for statement, _ in rendered:
+            counts[statement_kind(statement.sql)] += 1
+        return rendered
+
+    RawStatements.render_steps = counted  # type: ignore[method-assign]
 
 
 def _stop_on_sigterm() -> threading.Event:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
@@ -19,11 +20,13 @@ from sqla_queue.worker.core import (
     Maintain,
     Stop,
     Wait,
+    Work,
     WorkerCore,
     _Running,
     claims,
 )
 from sqla_queue.worker.handlers import HandlerPool, run_async_handler, run_sync_handler
+from sqla_queue.worker.raw import RawStatements, driver_error, supports_raw
 from sqla_queue.worker.settings import WorkerSettings
 from sqla_queue.worker.signals import graceful_signals
 
@@ -47,6 +50,11 @@ class AsyncWorker(WorkerBase):
         super().__init__(queue, session_factory, settings)
         self.engine: AsyncEngine = bound_engine(session_factory)
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._raw = (
+            RawStatements(self.engine.dialect)
+            if settings.raw_statements and supports_raw(self.engine.dialect)
+            else None
+        )
 
     async def run(self, *, burst: bool = False) -> RunStats:
         """Process jobs until SIGINT/SIGTERM (or :meth:`stop`); with ``burst``, until idle."""
@@ -123,13 +131,16 @@ class AsyncWorker(WorkerBase):
     ) -> None:
         work = core.prepare(action, now, make_context)
         try:
-            if work.atomic:
-                await connection.exec_driver_sql("BEGIN")
-            results = []
-            for stmt, params in work.steps:
-                results.append((await connection.execute(stmt, params)).all())
-            if work.atomic:
-                await connection.exec_driver_sql("COMMIT")
+            if self._raw is not None:
+                results = await _execute_raw(connection, self._raw, work)
+            else:
+                results = []
+                if work.atomic:
+                    await connection.exec_driver_sql("BEGIN")
+                for stmt, params in work.steps:
+                    results.append((await connection.execute(stmt, params)).all())
+                if work.atomic:
+                    await connection.exec_driver_sql("COMMIT")
         except BaseException:
             work.failed()
             raise
@@ -149,6 +160,29 @@ class AsyncWorker(WorkerBase):
             task.add_done_callback(done)
         else:
             pool.submit(lambda: core.record(running, run_sync_handler(core, running)))
+
+
+async def _execute_raw(
+    connection: AsyncConnection, raw: RawStatements, work: Work
+) -> list[Sequence[Any]]:
+    """Run ``work`` on the psycopg connection under ``connection`` (see worker/raw.py)."""
+    from psycopg import AsyncRawCursor
+    from psycopg.rows import namedtuple_row
+
+    dialect = connection.dialect
+    results: list[Sequence[Any]] = []
+    driver = (await connection.get_raw_connection()).driver_connection
+    assert driver is not None, "the worker's connection is open"
+    async with AsyncRawCursor(driver, row_factory=namedtuple_row) as cursor:
+        for rendered, wanted in raw.render_steps(work.steps, atomic=work.atomic):
+            try:
+                await cursor.execute(rendered.sql, rendered.args)
+            except dialect.loaded_dbapi.Error as exc:
+                raise driver_error(exc, rendered, dialect) from exc
+            if wanted:
+                rows = await cursor.fetchall() if cursor.description is not None else []
+                results.append(rows)
+    return results
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -18,11 +19,13 @@ from sqla_queue.worker.core import (
     Maintain,
     Stop,
     Wait,
+    Work,
     WorkerCore,
     _Running,
     claims,
 )
 from sqla_queue.worker.handlers import HandlerPool, PrivateLoop, run_async_handler, run_sync_handler
+from sqla_queue.worker.raw import RawStatements, driver_error, supports_raw
 from sqla_queue.worker.settings import WorkerSettings
 from sqla_queue.worker.signals import graceful_signals
 
@@ -45,6 +48,11 @@ class Worker(WorkerBase):
         super().__init__(queue, session_factory, settings)
         self.engine: Engine = bound_engine(session_factory)
         self._wake = threading.Event()
+        self._raw = (
+            RawStatements(self.engine.dialect)
+            if settings.raw_statements and supports_raw(self.engine.dialect)
+            else None
+        )
 
     def run(self, *, burst: bool = False) -> RunStats:
         """Process jobs until SIGINT/SIGTERM (or :meth:`stop`); with ``burst``, until idle.
@@ -119,11 +127,14 @@ class Worker(WorkerBase):
     ) -> None:
         work = core.prepare(action, now, make_context)
         try:
-            if work.atomic:
-                connection.exec_driver_sql("BEGIN")
-            results = [connection.execute(stmt, params).all() for stmt, params in work.steps]
-            if work.atomic:
-                connection.exec_driver_sql("COMMIT")
+            if self._raw is not None:
+                results = _execute_raw(connection, self._raw, work)
+            else:
+                if work.atomic:
+                    connection.exec_driver_sql("BEGIN")
+                results = [connection.execute(stmt, params).all() for stmt, params in work.steps]
+                if work.atomic:
+                    connection.exec_driver_sql("COMMIT")
         except BaseException:
             work.failed()
             raise
@@ -141,6 +152,26 @@ class Worker(WorkerBase):
             )
         else:
             pool.submit(lambda: core.record(running, run_sync_handler(core, running)))
+
+
+def _execute_raw(connection: Connection, raw: RawStatements, work: Work) -> list[Sequence[Any]]:
+    """Run ``work`` on the psycopg connection under ``connection`` (see worker/raw.py)."""
+    from psycopg import RawCursor
+    from psycopg.rows import namedtuple_row
+
+    dialect = connection.dialect
+    results: list[Sequence[Any]] = []
+    driver = connection.connection.driver_connection
+    assert driver is not None, "the worker's connection is open"
+    with RawCursor(driver, row_factory=namedtuple_row) as cursor:
+        for rendered, wanted in raw.render_steps(work.steps, atomic=work.atomic):
+            try:
+                cursor.execute(rendered.sql, rendered.args)
+            except dialect.loaded_dbapi.Error as exc:
+                raise driver_error(exc, rendered, dialect) from exc
+            if wanted:
+                results.append(cursor.fetchall() if cursor.description is not None else [])
+    return results
 
 
 def _discard(connection: Connection | None) -> None:

@@ -17,16 +17,22 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tests.support.app import boom, noop, queue
 from tests.support.limited import limited3
-from tests.support.plans import captured_statements, dumps, generic_plan, scans
+from tests.support.plans import (
+    captured_statements,
+    dumps,
+    generic_plan,
+    rendered_statements,
+    scans,
+)
 
 pytestmark = pytest.mark.integration
 
 QUEUE_TABLES = {queue.tables.jobs.name, queue.tables.executions.name}
 
 
-def _worker_statements(seen: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+def _worker_statements(seen: list[tuple[str, Any]]) -> dict[str, Any]:
     """The distinct statements on the queue's tables, each with its first parameters."""
-    distinct: dict[str, dict[str, Any]] = {}
+    distinct: dict[str, Any] = {}
     for sql, params in seen:
         if queue.tables.executions.name in sql and "pg_catalog" not in sql:
             distinct.setdefault(sql, params)
@@ -48,7 +54,7 @@ def test_every_worker_statement_has_an_indexed_generic_plan(
             + [limited3.call() for _ in range(30)]
             + [boom.call() for _ in range(5)],
         )
-    with captured_statements(engine) as seen:
+    with rendered_statements() as seen:
         _drain(SessionLocal, ["noop", "boom"])  # plain claim
         _drain(SessionLocal, ["limited3"])  # slot-aware claim
     statements = _worker_statements(seen)

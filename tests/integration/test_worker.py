@@ -22,14 +22,16 @@ def statuses(session: Session) -> dict[str, int]:
     return dict(rows.all())
 
 
+@pytest.mark.parametrize("raw_statements", [True, False], ids=["raw", "sqlalchemy"])
 def test_handler_exception_fails_the_job_and_the_worker_goes_on(
-    SessionLocal: sessionmaker[Session],
+    SessionLocal: sessionmaker[Session], raw_statements: bool
 ) -> None:
     with SessionLocal.begin() as session:
         bad = boom.enqueue(session, message="card declined")
         good = [record.enqueue(session, value=str(i)) for i in range(5)]
 
-    stats = queue.worker(SessionLocal, concurrency=3).run(burst=True)
+    worker = queue.worker(SessionLocal, concurrency=3, raw_statements=raw_statements)
+    stats = worker.run(burst=True)
 
     assert (stats.succeeded, stats.failed) == (5, 1)
     with SessionLocal() as session:
@@ -63,15 +65,19 @@ def test_worker_with_task_subset_leaves_other_tasks_pending(
         assert statuses(session) == {"succeeded": 3, "queued": 3}
 
 
+@pytest.mark.parametrize("raw_statements", [True, False], ids=["raw", "sqlalchemy"])
 async def test_async_worker_runs_def_and_async_handlers(
-    AsyncSessionLocal: async_sessionmaker[AsyncSession], SessionLocal: sessionmaker[Session]
+    AsyncSessionLocal: async_sessionmaker[AsyncSession],
+    SessionLocal: sessionmaker[Session],
+    raw_statements: bool,
 ) -> None:
     async with AsyncSessionLocal() as session, session.begin():
         ids = [await record_async.enqueue(session, value=str(i)) for i in range(20)]
         await noop.enqueue(session)
         await boom.enqueue(session)
 
-    stats = await queue.async_worker(AsyncSessionLocal, concurrency=5).run(burst=True)
+    worker = queue.async_worker(AsyncSessionLocal, concurrency=5, raw_statements=raw_statements)
+    stats = await worker.run(burst=True)
 
     assert (stats.succeeded, stats.failed) == (21, 1)
     with SessionLocal() as session:

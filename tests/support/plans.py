@@ -11,7 +11,7 @@ from typing import Any
 import psycopg.sql
 from sqlalchemy import Connection, Engine, event
 
-__all__ = ["captured_statements", "generic_plan", "scans"]
+__all__ = ["captured_statements", "generic_plan", "rendered_statements", "scans"]
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
@@ -37,17 +37,47 @@ def captured_statements(engine: Engine) -> Iterator[list[tuple[str, dict[str, An
         event.remove(engine, "before_cursor_execute", capture)
 
 
-def generic_plan(connection: Connection, sql: str, params: dict[str, Any]) -> dict[str, Any]:
+@contextmanager
+def rendered_statements() -> Iterator[list[tuple[str, list[Any]]]]:
+    """Record every statement a worker renders for its raw cursor: ($n SQL, values)."""
+    from sqla_queue.worker.raw import RawStatements
+
+    seen: list[tuple[str, list[Any]]] = []
+    original = RawStatements.render
+
+    def render(self: RawStatements, statement: Any, params: Any) -> Any:
+        rendered = original(self, statement, params)
+        seen.append((rendered.sql, list(rendered.args)))
+        return rendered
+
+    RawStatements.render = render  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        RawStatements.render = original  # type: ignore[method-assign]
+
+
+def generic_plan(
+    connection: Connection, sql: str, params: dict[str, Any] | list[Any]
+) -> dict[str, Any]:
     """The plan PostgreSQL uses for ``sql`` as a prepared statement with a generic plan.
 
     That is the plan a worker's connection runs once the driver has prepared the
-    statement (``WorkerSettings.generic_plans``). The statement is explained, not run.
+    statement (``WorkerSettings.generic_plans``). ``sql`` is either psycopg's
+    ``%(name)s`` form with a dict of values, or PostgreSQL's ``$n`` form (what the worker
+    sends with ``raw_statements``) with a list. The statement is explained, not run.
     """
-    names: list[str] = []
-    for name in _PLACEHOLDER.findall(sql):
-        if name not in names:
-            names.append(name)
-    numbered = _PLACEHOLDER.sub(lambda m: f"${names.index(m.group(1)) + 1}", sql)
+    if isinstance(params, dict):
+        names: list[str] = []
+        for name in _PLACEHOLDER.findall(sql):
+            if name not in names:
+                names.append(name)
+        numbered = _PLACEHOLDER.sub(lambda m: f"${names.index(m.group(1)) + 1}", sql)
+        values = [params[name] for name in names]
+    else:
+        # exec_driver_sql goes through psycopg's %-parsing: escape the modulo operator.
+        numbered = sql.replace("%", "%%")
+        values = list(params)
     connection.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
     connection.exec_driver_sql("SET LOCAL jit = off")
     connection.exec_driver_sql("PREPARE sqla_queue_plan_probe AS " + numbered)
@@ -58,9 +88,9 @@ def generic_plan(connection: Connection, sql: str, params: dict[str, Any]) -> di
     # EXPLAIN EXECUTE takes no bound parameters: the values go in as quoted literals.
     driver = connection.connection.driver_connection
     arguments = ", ".join(
-        f"{psycopg.sql.Literal(params[name]).as_string(driver)}::{type_}"
-        for name, type_ in zip(names, types, strict=True)
-    )
+        f"{psycopg.sql.Literal(value).as_string(driver)}::{type_}"
+        for value, type_ in zip(values, types, strict=True)
+    ).replace("%", "%%")
     explain = f"EXPLAIN (FORMAT JSON) EXECUTE sqla_queue_plan_probe({arguments})"
     plan: dict[str, Any] = connection.exec_driver_sql(explain).scalar_one()[0]
     connection.exec_driver_sql("DEALLOCATE sqla_queue_plan_probe")

@@ -1,0 +1,171 @@
+"""The worker's statements in PostgreSQL's own ``$n`` form, for psycopg's raw cursors.
+
+A worker runs a handful of statements thousands of times a second. Through
+``Connection.execute`` each run costs SQLAlchemy's execution machinery, and psycopg then
+re-parses the ``%(name)s`` placeholders of any statement longer than 4 KB (the slot-aware
+claim is). Measured on the development machine (bench/levers.py), that was more client CPU
+per claim than the rest of the claim put together.
+
+Here each statement is compiled once with the connection's dialect, its placeholders
+numbered once, and each run only lines up the values. The faces execute the result on the
+driver connection with a raw cursor, which sends the text as it is. Only psycopg is served;
+with any other driver the faces run the statements through SQLAlchemy as before. This
+module does no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Dialect
+
+__all__ = ["RawStatements", "RenderedStatement", "driver_error", "supports_raw"]
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+_POSTCOMPILE = re.compile(r"__\[POSTCOMPILE_(\w+)\]")
+
+
+def supports_raw(dialect: Dialect) -> bool:
+    """Whether the worker can run its statements on this dialect's driver directly."""
+    return dialect.name == "postgresql" and dialect.driver == "psycopg"
+
+
+@dataclass(frozen=True)
+class RenderedStatement:
+    """One statement ready for a raw cursor: ``$n`` text and the values in order."""
+
+    sql: str
+    args: list[Any]
+
+
+@dataclass(frozen=True)
+class _Template:
+    sql: str
+    names: tuple[str, ...]
+
+
+_BEGIN = RenderedStatement("BEGIN", [])
+_COMMIT = RenderedStatement("COMMIT", [])
+
+
+class _Compiled:
+    """One statement compiled for a dialect; a template per literal-execute value set."""
+
+    def __init__(self, statement: Any, dialect: Dialect) -> None:
+        compiled = statement.compile(dialect=dialect)
+        # Values SQLAlchemy bound itself (the ``1`` of ``attempt + 1``, and so on).
+        # A bind without a value (``bindparam("worker")``) is required from the caller.
+        self.defaults: dict[str, Any] = {
+            name: value
+            for name, value in compiled.params.items()
+            if not compiled.binds[name].required
+        }
+        # The conversions a type applies to its values on the way in (an ARRAY's, say),
+        # as Connection.execute would apply them.
+        self.processors: dict[str, Any] = dict(getattr(compiled, "_bind_processors", {}))
+        self.text = str(compiled)
+        self.literal_names = tuple(dict.fromkeys(_POSTCOMPILE.findall(self.text)))
+        self.templates: dict[tuple[int, ...], _Template] = {}
+
+    def template(self, params: Mapping[str, Any]) -> _Template:
+        literals = tuple(_whole_number(name, params[name]) for name in self.literal_names)
+        found = self.templates.get(literals)
+        if found is None:
+            values = dict(zip(self.literal_names, literals, strict=True))
+            text = _POSTCOMPILE.sub(lambda m: str(values[m.group(1)]), self.text)
+            names: list[str] = []
+            for name in _PLACEHOLDER.findall(text):
+                if name not in names:
+                    names.append(name)
+
+            def number(match: re.Match[str]) -> str:
+                return f"${names.index(match.group(1)) + 1}"
+
+            # psycopg would undo the %% escaping; the raw cursor sends the text as it is.
+            sql = _PLACEHOLDER.sub(number, text).replace("%%", "%")
+            found = _Template(sql, tuple(names))
+            self.templates[literals] = found
+        return found
+
+
+def _whole_number(name: str, value: Any) -> int:
+    # Only whole numbers are ever rendered into the text: nothing a caller passes can
+    # change the statement's shape.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int to be rendered into a statement, got {value!r}")
+    return value
+
+
+class RawStatements:
+    """Renders the worker's statements for one dialect, each compiled once.
+
+    >>> from sqlalchemy import column, select, table, bindparam
+    >>> from sqlalchemy.dialects import postgresql
+    >>> t = table("jobs", column("id"))
+    >>> stmt = select(t.c.id).where(t.c.id > bindparam("after")).limit(
+    ...     bindparam("n", literal_execute=True))
+    >>> r = RawStatements(postgresql.psycopg.dialect()).render(stmt, {"after": 7, "n": 3})
+    >>> " ".join(r.sql.split())
+    'SELECT jobs.id FROM jobs WHERE jobs.id > $1 LIMIT 3'
+    >>> r.args
+    [7]
+    """
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+        self._compiled: dict[int, tuple[Any, _Compiled]] = {}
+
+    def render(self, statement: Any, params: Mapping[str, Any]) -> RenderedStatement:
+        """``statement`` with ``params`` as ``$n`` text and positional values."""
+        entry = self._compiled.get(id(statement))
+        if entry is None or entry[0] is not statement:
+            # The statement is kept alive beside its id so the id cannot be reused.
+            entry = (statement, _Compiled(statement, self.dialect))
+            self._compiled[id(statement)] = entry
+        compiled = entry[1]
+        template = compiled.template(params)
+        values = {**compiled.defaults, **params}
+        processors = compiled.processors
+        args: list[Any] = []
+        for name in template.names:
+            try:
+                value = values[name]
+            except KeyError:
+                raise KeyError(f"missing statement parameter {name!r}") from None
+            process = processors.get(name)
+            args.append(value if process is None or value is None else process(value))
+        return RenderedStatement(template.sql, args)
+
+    def render_steps(
+        self, steps: Sequence[tuple[Any, Mapping[str, Any]]], *, atomic: bool
+    ) -> list[tuple[RenderedStatement, bool]]:
+        """Every statement of a unit of work, each with whether its rows are wanted.
+
+        An ``atomic`` unit is wrapped in BEGIN and COMMIT, whose rows nobody wants.
+        """
+        rendered = [(self.render(stmt, params), True) for stmt, params in steps]
+        if atomic:
+            return [(_BEGIN, False), *rendered, (_COMMIT, False)]
+        return rendered
+
+
+def driver_error(
+    exc: BaseException, rendered: RenderedStatement, dialect: Dialect
+) -> BaseException:
+    """``exc``, raised by the driver, as the SQLAlchemy error ``Connection.execute`` raises.
+
+    The faces then treat a raw statement's failure exactly like any other: the same
+    ``DBAPIError`` handling, the same SQLSTATE reading.
+    """
+    from sqlalchemy.exc import DBAPIError
+
+    return DBAPIError.instance(
+        rendered.sql,
+        rendered.args,
+        exc,
+        dialect.loaded_dbapi.Error,
+        dialect=dialect,
+    )
