@@ -33,7 +33,7 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """Check style and formatting with ruff."""
-    session.install("ruff>=0.6")
+    session.install("ruff>=0.17,<0.18")
     session.run("ruff", "check", *_lint_paths())
     session.run("ruff", "format", "--check", *_lint_paths())
 

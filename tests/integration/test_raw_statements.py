@@ -111,5 +111,6 @@ def test_raw_statements_bypass_engine_events_and_the_setting_restores_them(
         with SessionLocal.begin() as session:
             noop.enqueue(session)
         with captured_statements(engine) as seen:
-            queue.worker(SessionLocal, raw_statements=raw_statements).run(burst=True)
+            worker = queue.worker(SessionLocal, tasks=["noop"], raw_statements=raw_statements)
+            worker.run(burst=True)
         assert any("candidates AS" in sql for sql, _ in seen) is claims_seen
