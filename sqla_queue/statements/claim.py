@@ -27,6 +27,7 @@ from sqlalchemy import (
     cast,
     exists,
     func,
+    null,
     or_,
     select,
     true,
@@ -213,14 +214,21 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
     # backlog of a limited task nor another task's backlog is scanned and filtered.
     u = func.unnest(tasks).table_valued("task").render_derived(name="u")
     e = ex.alias("e")
-    fresh = (
+    locked = (
         select(e.c.id, e.c.priority, e.c.execute_at, e.c.task, e.c.slot)
         .where(*_claimable(tables, e, u.c.task), e.c.slot.is_(None))
         .order_by(*_claim_order(e))
         .limit(case((room.c.task.is_(None), batch), else_=func.least(free, batch)))
         .with_for_update(of=e, skip_locked=True)
-        .lateral("fresh")
+        # Two levels below ``u``: correlate explicitly, or ``u`` would be joined anew.
+        .correlate_except(e)
+        .lateral("locked")
     )
+    # k numbers a task's fresh picks 1, 2, ... in the order they come; the top ``batch``
+    # of all tasks keeps a prefix of each task's picks, so the k-th kept pick meets the
+    # k-th free seat. Any pairing of distinct picks with distinct free seats is correct;
+    # numbering in arrival order spares the sorts a window over the claim order costs.
+    fresh = select(locked, func.row_number().over().label("k")).lateral("fresh")
     # A reclaimed execution keeps its seat: it is claimed again whatever the room, so
     # recovery is never gated by the limit.
     v = func.unnest(tasks).table_valued("task").render_derived(name="v")
@@ -235,17 +243,14 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
     )
     both = union_all(
         select(fresh).select_from(u.outerjoin(room, room.c.task == u.c.task).join(fresh, true())),
-        select(seated).select_from(v.join(seated, true())),
+        select(seated, null().label("k")).select_from(v.join(seated, true())),
     ).subquery("both_")
-    best = select(both).order_by(*_claim_order(both)).limit(batch).subquery("best")
-    picked = select(
-        best.c.id,
-        best.c.task,
-        best.c.slot,
-        func.row_number()
-        .over(partition_by=(best.c.task, best.c.slot.is_(None)), order_by=_claim_order(best))
-        .label("k"),
-    ).cte("picked")
+    picked = (
+        select(both.c.id, both.c.task, both.c.slot, both.c.k)
+        .order_by(*_claim_order(both))
+        .limit(batch)
+        .cte("picked")
+    )
     # Seats usable now: legacy .. lim-1. The window is walked from a random offset, so two
     # claims racing for a roomy limit rarely compute the same seats and collide.
     usable = func.greatest(room.c.lim - room.c.legacy, 1)
@@ -258,8 +263,9 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
     seat = room.c.legacy + (s.c.i + offset) % usable
     x = ex.alias("x")
     # A seat is free when no execution holds it: one probe of the slot index per seat
-    # tried, stopping once enough are found. A scalar probe rather than NOT EXISTS: the
-    # planner would turn NOT EXISTS into an anti join hashing every held seat of the task.
+    # tried, stopping once enough are found (the series comes in order; no sort). A scalar
+    # probe rather than NOT EXISTS: the planner would turn NOT EXISTS into an anti join
+    # hashing every held seat of the task.
     holder = (
         select(x.c.id)
         .where(x.c.task == room.c.task, x.c.slot == seat)
@@ -268,18 +274,13 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
         .scalar_subquery()
     )
     free_seats = (
-        select(s.c.i, seat.label("seat"))
+        select(seat.label("seat"), func.row_number().over().label("k"))
         .where(holder.is_(None))
-        .order_by(s.c.i)
         .limit(func.least(free, batch))
         .lateral("free_seats")
     )
     seats = (
-        select(
-            room.c.task,
-            free_seats.c.seat,
-            func.row_number().over(partition_by=room.c.task, order_by=free_seats.c.i).label("k"),
-        )
+        select(room.c.task, free_seats.c.seat, free_seats.c.k)
         .select_from(room.join(free_seats, true()))
         .where(free > 0)
         .cte("seats")

@@ -11,30 +11,30 @@ WHERE h.task = t.task AND h.slot IS NOT NULL) AS held
 FROM unnest(%(tasks)s::TEXT[]) AS t(task) LEFT OUTER JOIN app.q_task_limits ON app.q_task_limits.task = t.task 
 WHERE coalesce(app.q_task_limits.concurrency_limit, CAST(jsonb_extract_path_text(CAST(%(limit_map)s::VARCHAR AS JSONB), t.task) AS INTEGER)) IS NOT NULL), 
 picked AS 
-(SELECT best.id AS id, best.task AS task, best.slot AS slot, row_number() OVER (PARTITION BY best.task, best.slot IS NULL ORDER BY best.priority DESC, best.execute_at, best.id) AS k 
-FROM (SELECT both_.id AS id, both_.priority AS priority, both_.execute_at AS execute_at, both_.task AS task, both_.slot AS slot 
-FROM (SELECT fresh.id AS id, fresh.priority AS priority, fresh.execute_at AS execute_at, fresh.task AS task, fresh.slot AS slot 
-FROM unnest(%(tasks)s::TEXT[]) AS u(task) LEFT OUTER JOIN room ON room.task = u.task JOIN LATERAL (SELECT e.id AS id, e.priority AS priority, e.execute_at AS execute_at, e.task AS task, e.slot AS slot 
+(SELECT both_.id AS id, both_.task AS task, both_.slot AS slot, both_.k AS k 
+FROM (SELECT fresh.id AS id, fresh.priority AS priority, fresh.execute_at AS execute_at, fresh.task AS task, fresh.slot AS slot, fresh.k AS k 
+FROM unnest(%(tasks)s::TEXT[]) AS u(task) LEFT OUTER JOIN room ON room.task = u.task JOIN LATERAL (SELECT locked.id AS id, locked.priority AS priority, locked.execute_at AS execute_at, locked.task AS task, locked.slot AS slot, row_number() OVER () AS k 
+FROM LATERAL (SELECT e.id AS id, e.priority AS priority, e.execute_at AS execute_at, e.task AS task, e.slot AS slot 
 FROM app.q_job_executions AS e 
 WHERE e.state = 'pending' AND e.execute_at <= now() AND e.task = u.task AND (e.queue_id IS NULL OR NOT (EXISTS (SELECT * 
 FROM app.q_job_executions AS p 
 WHERE p.queue_id = e.queue_id AND (p.execute_at, p.id) < (e.execute_at, e.id)))) AND e.slot IS NULL ORDER BY e.priority DESC, e.execute_at, e.id 
- LIMIT CASE WHEN (room.task IS NULL) THEN __[POSTCOMPILE_batch] ELSE least(greatest((room.lim - room.legacy) - room.held, %(greatest_1)s::INTEGER), __[POSTCOMPILE_batch]) END FOR UPDATE OF e SKIP LOCKED) AS fresh ON true UNION ALL SELECT seated.id AS id, seated.priority AS priority, seated.execute_at AS execute_at, seated.task AS task, seated.slot AS slot 
+ LIMIT CASE WHEN (room.task IS NULL) THEN __[POSTCOMPILE_batch] ELSE least(greatest((room.lim - room.legacy) - room.held, %(greatest_1)s::INTEGER), __[POSTCOMPILE_batch]) END FOR UPDATE OF e SKIP LOCKED) AS locked) AS fresh ON true UNION ALL SELECT seated.id AS id, seated.priority AS priority, seated.execute_at AS execute_at, seated.task AS task, seated.slot AS slot, NULL AS k 
 FROM unnest(%(tasks)s::TEXT[]) AS v(task) JOIN LATERAL (SELECT g.id AS id, g.priority AS priority, g.execute_at AS execute_at, g.task AS task, g.slot AS slot 
 FROM app.q_job_executions AS g 
 WHERE g.state = 'pending' AND g.execute_at <= now() AND g.task = v.task AND (g.queue_id IS NULL OR NOT (EXISTS (SELECT * 
 FROM app.q_job_executions AS p 
 WHERE p.queue_id = g.queue_id AND (p.execute_at, p.id) < (g.execute_at, g.id)))) AND g.slot IS NOT NULL ORDER BY g.priority DESC, g.execute_at, g.id 
  LIMIT __[POSTCOMPILE_batch] FOR UPDATE OF g SKIP LOCKED) AS seated ON true) AS both_ ORDER BY both_.priority DESC, both_.execute_at, both_.id 
- LIMIT __[POSTCOMPILE_batch]) AS best), 
+ LIMIT __[POSTCOMPILE_batch]), 
 seats AS 
-(SELECT room.task AS task, free_seats.seat AS seat, row_number() OVER (PARTITION BY room.task ORDER BY free_seats.i) AS k 
-FROM room JOIN LATERAL (SELECT s.i AS i, room.legacy + (s.i + %(seat_offset)s::INTEGER) %% greatest(room.lim - room.legacy, %(greatest_2)s::INTEGER) AS seat 
+(SELECT room.task AS task, free_seats.seat AS seat, free_seats.k AS k 
+FROM room JOIN LATERAL (SELECT room.legacy + (s.i + %(seat_offset)s::INTEGER) %% greatest(room.lim - room.legacy, %(greatest_2)s::INTEGER) AS seat, row_number() OVER () AS k 
 FROM generate_series(%(generate_series_1)s::INTEGER, least(room.lim - room.legacy, room.held + __[POSTCOMPILE_batch]) - %(least_1)s::INTEGER) AS s(i) 
 WHERE (SELECT x.id 
 FROM app.q_job_executions AS x 
 WHERE x.task = room.task AND x.slot = room.legacy + (s.i + %(seat_offset)s::INTEGER) %% greatest(room.lim - room.legacy, %(greatest_2)s::INTEGER) 
- LIMIT %(param_1)s::INTEGER) IS NULL ORDER BY s.i 
+ LIMIT %(param_1)s::INTEGER) IS NULL 
  LIMIT least(greatest((room.lim - room.legacy) - room.held, %(greatest_1)s::INTEGER), __[POSTCOMPILE_batch])) AS free_seats ON true 
 WHERE greatest((room.lim - room.legacy) - room.held, %(greatest_1)s::INTEGER) > %(greatest_3)s::INTEGER), 
 assigned AS 
