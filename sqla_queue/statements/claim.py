@@ -76,6 +76,21 @@ def _claimable(tables: QueueTables, row: Any, tasks: ColumnElement[Any]) -> list
     ]
 
 
+def _one_task_claimable(tables: QueueTables, row: Any, task: ColumnElement[Any]) -> list[Any]:
+    """:func:`_claimable` for the rows of one task, walked in that task's own index slice.
+
+    The task is matched as a range of one value, ``task >= t AND task <= t``, which the
+    per-task index serves exactly like equality. With plain equality the planner treats
+    the task as a constant, drops it from the required order, and in a generic plan (which
+    cannot tell how common the task is) may prefer walking ``claim_ix``, every task in
+    claim order, filtering as it goes: that passes over all other tasks' backlog whenever
+    this task has few ready rows. The range keeps the task in the order, which only the
+    per-task index delivers without a sort.
+    """
+    state, due, _, head = _claimable(tables, row, task)
+    return [state, due, row.c.task >= task, row.c.task <= task, head]
+
+
 def _claim_order(row: Any) -> tuple[Any, ...]:
     return (row.c.priority.desc(), row.c.execute_at, row.c.id)
 
@@ -214,10 +229,11 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
     # backlog of a limited task nor another task's backlog is scanned and filtered.
     u = func.unnest(tasks).table_valued("task").render_derived(name="u")
     e = ex.alias("e")
+    # The task leads the ORDER BY: see _one_task_claimable.
     locked = (
         select(e.c.id, e.c.priority, e.c.execute_at, e.c.task, e.c.slot)
-        .where(*_claimable(tables, e, u.c.task), e.c.slot.is_(None))
-        .order_by(*_claim_order(e))
+        .where(*_one_task_claimable(tables, e, u.c.task), e.c.slot.is_(None))
+        .order_by(e.c.task, *_claim_order(e))
         .limit(case((room.c.task.is_(None), batch), else_=func.least(free, batch)))
         .with_for_update(of=e, skip_locked=True)
         # Two levels below ``u``: correlate explicitly, or ``u`` would be joined anew.
@@ -235,8 +251,8 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
     g = ex.alias("g")
     seated = (
         select(g.c.id, g.c.priority, g.c.execute_at, g.c.task, g.c.slot)
-        .where(*_claimable(tables, g, v.c.task), g.c.slot.is_not(None))
-        .order_by(*_claim_order(g))
+        .where(*_one_task_claimable(tables, g, v.c.task), g.c.slot.is_not(None))
+        .order_by(g.c.task, *_claim_order(g))
         .limit(batch)
         .with_for_update(of=g, skip_locked=True)
         .lateral("seated")

@@ -16,15 +16,15 @@ FROM (SELECT fresh.id AS id, fresh.priority AS priority, fresh.execute_at AS exe
 FROM unnest(%(tasks)s::TEXT[]) AS u(task) LEFT OUTER JOIN room ON room.task = u.task JOIN LATERAL (SELECT locked.id AS id, locked.priority AS priority, locked.execute_at AS execute_at, locked.task AS task, locked.slot AS slot, row_number() OVER () AS k 
 FROM LATERAL (SELECT e.id AS id, e.priority AS priority, e.execute_at AS execute_at, e.task AS task, e.slot AS slot 
 FROM app.q_job_executions AS e 
-WHERE e.state = 'pending' AND e.execute_at <= now() AND e.task = u.task AND (e.queue_id IS NULL OR NOT (EXISTS (SELECT * 
+WHERE e.state = 'pending' AND e.execute_at <= now() AND e.task >= u.task AND e.task <= u.task AND (e.queue_id IS NULL OR NOT (EXISTS (SELECT * 
 FROM app.q_job_executions AS p 
-WHERE p.queue_id = e.queue_id AND (p.execute_at, p.id) < (e.execute_at, e.id)))) AND e.slot IS NULL ORDER BY e.priority DESC, e.execute_at, e.id 
+WHERE p.queue_id = e.queue_id AND (p.execute_at, p.id) < (e.execute_at, e.id)))) AND e.slot IS NULL ORDER BY e.task, e.priority DESC, e.execute_at, e.id 
  LIMIT CASE WHEN (room.task IS NULL) THEN __[POSTCOMPILE_batch] ELSE least(greatest((room.lim - room.legacy) - room.held, %(greatest_1)s::INTEGER), __[POSTCOMPILE_batch]) END FOR UPDATE OF e SKIP LOCKED) AS locked) AS fresh ON true UNION ALL SELECT seated.id AS id, seated.priority AS priority, seated.execute_at AS execute_at, seated.task AS task, seated.slot AS slot, NULL AS k 
 FROM unnest(%(tasks)s::TEXT[]) AS v(task) JOIN LATERAL (SELECT g.id AS id, g.priority AS priority, g.execute_at AS execute_at, g.task AS task, g.slot AS slot 
 FROM app.q_job_executions AS g 
-WHERE g.state = 'pending' AND g.execute_at <= now() AND g.task = v.task AND (g.queue_id IS NULL OR NOT (EXISTS (SELECT * 
+WHERE g.state = 'pending' AND g.execute_at <= now() AND g.task >= v.task AND g.task <= v.task AND (g.queue_id IS NULL OR NOT (EXISTS (SELECT * 
 FROM app.q_job_executions AS p 
-WHERE p.queue_id = g.queue_id AND (p.execute_at, p.id) < (g.execute_at, g.id)))) AND g.slot IS NOT NULL ORDER BY g.priority DESC, g.execute_at, g.id 
+WHERE p.queue_id = g.queue_id AND (p.execute_at, p.id) < (g.execute_at, g.id)))) AND g.slot IS NOT NULL ORDER BY g.task, g.priority DESC, g.execute_at, g.id 
  LIMIT __[POSTCOMPILE_batch] FOR UPDATE OF g SKIP LOCKED) AS seated ON true) AS both_ ORDER BY both_.priority DESC, both_.execute_at, both_.id 
  LIMIT __[POSTCOMPILE_batch]), 
 seats AS 
