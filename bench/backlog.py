@@ -36,7 +36,7 @@ from bench.common import (
 )
 from bench.drain import ALL_TABLES, drain_once, truncate_all
 from sqla_queue.statements import claim_statement
-from sqla_queue.worker.core import WorkerCore
+from sqla_queue.worker.core import GENERIC_PLAN_SETTINGS, WorkerCore
 from sqla_queue.worker.settings import WorkerSettings
 
 __all__ = ["BacklogConfig", "LimitConfig", "run_backlog", "run_limits"]
@@ -163,10 +163,19 @@ def top_up(db: BenchDatabase, pending: int, history: int, *, pgqueuer: bool) -> 
 def time_sqla_claims(
     db: BenchDatabase, sql: str, params: dict[str, Any], claims: int, task: str
 ) -> list[float]:
-    """Milliseconds of ``claims`` claims with sqla_queue's statement (or the bare one)."""
+    """Milliseconds of ``claims`` claims with sqla_queue's statement (or the bare one).
+
+    sqla_queue's claim runs with the worker connection's settings (generic plans, no JIT):
+    from the sixth run on, psycopg has prepared it, as it does in a worker.
+    """
     times: list[float] = []
     worker = params["worker"]
     with psycopg.connect(db.dsn) as conn:
+        if sql is not baseline.CLAIM:
+            # The session a worker's own connection runs its statements in.
+            for setting in GENERIC_PLAN_SETTINGS:
+                conn.execute(setting)
+            conn.commit()
         for i in range(claims + WARM_UP):
             start = time.perf_counter()
             rows = conn.execute(sql, params).fetchall()
