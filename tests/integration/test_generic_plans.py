@@ -143,3 +143,60 @@ def test_slot_aware_claim_walks_its_own_task_beside_another_tasks_backlog(
     executions = queue.tables.executions.name
     assert f"{executions}_task_claim_ix" in used, dumps(plan)
     assert f"{executions}_claim_ix" not in used, dumps(plan)
+
+
+def test_free_seat_search_stops_at_the_seats_it_needs(engine: Engine) -> None:
+    """With 500 seats held, a claim of 5 probes a handful of seats, not all 505 it may try.
+
+    The window that numbers the seats streams: the LIMIT above it stops the probes.
+    """
+    import json
+    import uuid
+
+    from sqlalchemy.dialects import postgresql
+
+    from sqla_queue import statements as builders
+    from sqla_queue.worker.raw import RawStatements
+
+    with Session(engine) as session, session.begin():
+        queue.enqueue_many(session, [limited3.call() for _ in range(600)])
+        queue.set_limit(session, "limited3", 5000)
+    claim = builders.claim_statement(queue.tables, limited=True)
+    raw = RawStatements(postgresql.psycopg.dialect())  # type: ignore[no-untyped-call]
+
+    def params(batch: int, offset: int) -> dict[str, Any]:
+        return {
+            "tasks": ["limited3"],
+            "batch": batch,
+            "worker": uuid.uuid4(),
+            "lease": 30.0,
+            "lease_map": "{}",
+            "limit_map": json.dumps({"limited3": 3}),
+            "seat_offset": offset,
+        }
+
+    with engine.begin() as connection:
+        for i in range(50):
+            connection.execute(claim, params(10, i * 7919)).all()
+    rendered = raw.render(claim, params(5, 12345))
+    with engine.connect() as connection, connection.begin():
+        explain = "EXPLAIN (ANALYZE, FORMAT JSON) " + rendered.sql.replace("%", "%%")
+        numbered = explain
+        for n in range(len(rendered.args), 0, -1):
+            numbered = numbered.replace(f"${n}", f"%(p{n})s")
+        plan = connection.exec_driver_sql(
+            numbered, {f"p{n + 1}": value for n, value in enumerate(rendered.args)}
+        ).scalar_one()[0]
+
+    probes: list[int] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Alias") == "x":
+            probes.append(node["Actual Loops"])
+        for child in node.get("Plans", ()):
+            walk(child)
+
+    walk(plan["Plan"])
+    assert probes, dumps(plan)
+    # 500 of 5,000 seats are held: about 6 probes find 5 free ones.
+    assert sum(probes) < 50, dumps(plan)
