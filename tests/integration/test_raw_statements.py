@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, func, insert
@@ -23,6 +24,19 @@ pytestmark = pytest.mark.integration
 
 def _work(steps: list[tuple[object, dict[str, object]]], *, atomic: bool = False) -> Work:
     return Work(steps, atomic, lambda results: [], lambda: None)  # type: ignore[arg-type]
+
+
+def _insert_job(**values: object) -> Any:
+    """An INSERT of one queued noop job row (``id=`` to force a key)."""
+    return insert(queue.tables.jobs).values(
+        task="noop",
+        payload={},
+        priority=0,
+        max_attempts=1,
+        status="queued",
+        scheduled_at=func.now(),
+        **values,
+    )
 
 
 def test_raw_claim_returns_what_connection_execute_returns(engine: Engine) -> None:
@@ -56,15 +70,7 @@ def test_raw_claim_returns_what_connection_execute_returns(engine: Engine) -> No
 
 def test_a_driver_error_surfaces_as_sqlalchemy_error_with_its_sqlstate(engine: Engine) -> None:
     jobs = queue.tables.jobs
-    duplicate = insert(jobs).values(
-        id=1,
-        task="noop",
-        payload={},
-        priority=0,
-        max_attempts=1,
-        status="queued",
-        scheduled_at=func.now(),
-    )
+    duplicate = _insert_job(id=1)
     raw = RawStatements(engine.dialect)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         _execute_raw(connection, raw, _work([(duplicate, {})]))
@@ -75,24 +81,8 @@ def test_a_driver_error_surfaces_as_sqlalchemy_error_with_its_sqlstate(engine: E
 
 
 def test_an_atomic_unit_is_one_transaction(engine: Engine) -> None:
-    jobs = queue.tables.jobs
-    add = insert(jobs).values(
-        task="noop",
-        payload={},
-        priority=0,
-        max_attempts=1,
-        status="queued",
-        scheduled_at=func.now(),
-    )
-    clash = insert(jobs).values(
-        id=1,
-        task="noop",
-        payload={},
-        priority=0,
-        max_attempts=1,
-        status="queued",
-        scheduled_at=func.now(),
-    )
+    add = _insert_job()
+    clash = _insert_job(id=1)
     raw = RawStatements(engine.dialect)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         _execute_raw(connection, raw, _work([(add, {})]))  # id 1
