@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -83,11 +84,22 @@ class AsyncWorker(WorkerBase):
             enabled=self.settings.install_signal_handlers,
         ):
             if self.settings.verify_schema:
-                async with self.engine.connect() as check:
-                    await check.run_sync(self.queue.verify)
+                await self._verify()
             await self._loop(core, wake)
         log.info("async worker %s stopped: %s", core.worker_id, core.stats)
         return self._stats(core)
+
+    async def _verify(self) -> None:
+        for attempt in itertools.count(1):
+            try:
+                async with self.engine.connect() as check:
+                    await check.run_sync(self.queue.verify)
+                return
+            except DBAPIError as exc:
+                delay = self._verify_retry_delay(exc, attempt)
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
 
     async def _loop(self, core: WorkerCore, wake: asyncio.Event) -> None:
         # Heartbeats run on a thread with a sync connection, immune to a blocked loop.

@@ -23,6 +23,9 @@ __all__ = ["RunStats", "WorkerBase", "bound_engine"]
 
 log = logging.getLogger("sqla_queue.worker")
 
+#: Tries of the start-up schema check when its connection is lost under it.
+VERIFY_ATTEMPTS = 5
+
 
 @dataclass(frozen=True)
 class RunStats:
@@ -93,6 +96,20 @@ class WorkerBase:
             )
 
         return make
+
+    @staticmethod
+    def _verify_retry_delay(exc: BaseException, attempt: int) -> float | None:
+        """How long to wait before checking the schema again, or None to give up.
+
+        Only a connection lost under the check is worth another try (a pooled connection
+        the server has meanwhile closed, a restart): a schema that does not match stays
+        an error at once.
+        """
+        lost = bool(getattr(exc, "connection_invalidated", False))
+        if not lost or attempt >= VERIFY_ATTEMPTS:
+            return None
+        log.warning("schema check lost its connection (%s); trying again", exc)
+        return min(0.1 * 2.0**attempt, 2.0)
 
     def _is_lost_race(self, exc: BaseException) -> bool:
         """A claim that lost a uniqueness race on one of the queue's own guard indexes."""

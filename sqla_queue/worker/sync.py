@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -68,11 +69,22 @@ class Worker(WorkerBase):
             enabled=self.settings.install_signal_handlers,
         ):
             if self.settings.verify_schema:
-                with self.engine.connect() as check:
-                    self.queue.verify(check)
+                self._verify()
             self._loop(core)
         log.info("worker %s stopped: %s", core.worker_id, core.stats)
         return self._stats(core)
+
+    def _verify(self) -> None:
+        for attempt in itertools.count(1):
+            try:
+                with self.engine.connect() as check:
+                    self.queue.verify(check)
+                return
+            except DBAPIError as exc:
+                delay = self._verify_retry_delay(exc, attempt)
+                if delay is None:
+                    raise
+                time.sleep(delay)
 
     def _loop(self, core: WorkerCore) -> None:
         wake = self._wake

@@ -201,3 +201,34 @@ async def test_async_requeue_and_prune(
         assert await queue.requeue(session, [failed]) == [failed]
     with SessionLocal() as session:
         assert statuses(session) == {"queued": 1}
+
+
+def test_worker_starts_when_the_server_closed_its_pooled_connection(
+    engine: Engine, owner_engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    """The start-up schema check retries a connection lost under it, then runs as usual."""
+    with SessionLocal.begin() as session:
+        noop.enqueue(session)
+    with engine.connect() as connection:
+        pid = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+    # The pool keeps that connection; the server now closes it behind the pool's back.
+    with owner_engine.connect() as admin:
+        assert admin.exec_driver_sql(f"SELECT pg_terminate_backend({pid})").scalar_one()
+
+    stats = queue.worker(SessionLocal).run(burst=True)
+
+    assert stats.succeeded == 1
+
+
+async def test_async_worker_starts_when_the_server_closed_its_pooled_connection(
+    AsyncSessionLocal: async_sessionmaker[AsyncSession], owner_engine: Engine
+) -> None:
+    async with AsyncSessionLocal() as session, session.begin():
+        await noop.enqueue(session)
+        pid = (await session.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+    with owner_engine.connect() as admin:
+        assert admin.exec_driver_sql(f"SELECT pg_terminate_backend({pid})").scalar_one()
+
+    stats = await queue.async_worker(AsyncSessionLocal).run(burst=True)
+
+    assert stats.succeeded == 1
