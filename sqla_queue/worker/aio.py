@@ -28,7 +28,7 @@ from sqla_queue.worker.core import (
     claims,
 )
 from sqla_queue.worker.handlers import HandlerPool, run_async_handler, run_sync_handler
-from sqla_queue.worker.raw import RawStatements, driver_error, supports_raw
+from sqla_queue.worker.raw import RawStatements, driver_error, raw_statements_for
 from sqla_queue.worker.settings import WorkerSettings
 from sqla_queue.worker.signals import graceful_signals
 
@@ -52,11 +52,7 @@ class AsyncWorker(WorkerBase):
         super().__init__(queue, session_factory, settings)
         self.engine: AsyncEngine = bound_engine(session_factory)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._raw = (
-            RawStatements(self.engine.dialect)
-            if settings.raw_statements and supports_raw(self.engine.dialect)
-            else None
-        )
+        self._raw = raw_statements_for(self.engine.dialect, enabled=settings.raw_statements)
 
     async def run(self, *, burst: bool = False) -> RunStats:
         """Process jobs until SIGINT/SIGTERM (or :meth:`stop`); with ``burst``, until idle."""

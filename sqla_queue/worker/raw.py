@@ -22,7 +22,13 @@ from typing import Any
 
 from sqlalchemy.engine import Dialect
 
-__all__ = ["RawStatements", "RenderedStatement", "driver_error", "supports_raw"]
+__all__ = [
+    "RawStatements",
+    "RenderedStatement",
+    "driver_error",
+    "raw_statements_for",
+    "supports_raw",
+]
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 _POSTCOMPILE = re.compile(r"__\[POSTCOMPILE_(\w+)\]")
@@ -31,6 +37,11 @@ _POSTCOMPILE = re.compile(r"__\[POSTCOMPILE_(\w+)\]")
 def supports_raw(dialect: Dialect) -> bool:
     """Whether the worker can run its statements on this dialect's driver directly."""
     return dialect.name == "postgresql" and dialect.driver == "psycopg"
+
+
+def raw_statements_for(dialect: Dialect, *, enabled: bool) -> RawStatements | None:
+    """The renderer a worker face uses, or None to run statements through SQLAlchemy."""
+    return RawStatements(dialect) if enabled and supports_raw(dialect) else None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from sqla_queue.worker.core import (
     claims,
 )
 from sqla_queue.worker.handlers import HandlerPool, PrivateLoop, run_async_handler, run_sync_handler
-from sqla_queue.worker.raw import RawStatements, driver_error, supports_raw
+from sqla_queue.worker.raw import RawStatements, driver_error, raw_statements_for
 from sqla_queue.worker.settings import WorkerSettings
 from sqla_queue.worker.signals import graceful_signals
 
@@ -49,11 +49,7 @@ class Worker(WorkerBase):
         super().__init__(queue, session_factory, settings)
         self.engine: Engine = bound_engine(session_factory)
         self._wake = threading.Event()
-        self._raw = (
-            RawStatements(self.engine.dialect)
-            if settings.raw_statements and supports_raw(self.engine.dialect)
-            else None
-        )
+        self._raw = raw_statements_for(self.engine.dialect, enabled=settings.raw_statements)
 
     def run(self, *, burst: bool = False) -> RunStats:
         """Process jobs until SIGINT/SIGTERM (or :meth:`stop`); with ``burst``, until idle.
