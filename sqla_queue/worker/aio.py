@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -60,18 +59,11 @@ class AsyncWorker(WorkerBase):
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
 
-        loop_thread = threading.get_ident()
-
         def wake_up() -> None:
-            # Called once per finished job. Already awake: nothing to do. From the loop's
-            # own thread (an async handler): set it directly, sparing the self-pipe write
-            # and wake-up that call_soon_threadsafe costs each time.
-            if wake.is_set():
-                return
-            if threading.get_ident() == loop_thread:
-                wake.set()
-            else:
-                loop.call_soon_threadsafe(wake.set)
+            # Thread-safe even from the loop's own thread: a signal handler runs there too,
+            # possibly just before the selector blocks, and only the self-pipe write that
+            # call_soon_threadsafe makes is sure to wake it.
+            loop.call_soon_threadsafe(wake.set)
 
         core.set_waker(wake_up)
         # Handlers go in first: a deploy's SIGTERM during start-up is a clean stop too.
