@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import statistics
 import time
 import uuid
 from collections.abc import Sequence
@@ -34,7 +35,7 @@ from bench.common import (
     ratio,
     summarize,
 )
-from bench.drain import ALL_TABLES, drain_once, truncate_all
+from bench.drain import ALL_TABLES, DrainRun, drain_once, truncate_all
 from sqla_queue.statements import claim_statement
 from sqla_queue.worker.core import GENERIC_PLAN_SETTINGS, WorkerCore
 from sqla_queue.worker.settings import WorkerSettings
@@ -347,7 +348,16 @@ def run_limits(db: BenchDatabase, config: LimitConfig, log: Any = print) -> dict
     table = TextTable(
         f"Limit scaling: drain of {config.jobs:,} no-op jobs of a task with a concurrency "
         f"limit, {config.workers} workers, batch {BATCH} (jobs/s, median of {config.repeat})",
-        ["limit", "sqla_queue sync", "PgQueuer", "sqla vs PgQueuer", "sqla vs unlimited"],
+        [
+            "limit",
+            "sqla_queue sync",
+            "PgQueuer",
+            "sqla vs PgQueuer",
+            "sqla vs unlimited",
+            "paired vs unlimited",
+            "worker CPU us/job",
+            "server CPU us/job",
+        ],
     )
     if not app.limits_supported():
         table.note(
@@ -381,26 +391,47 @@ def run_limits(db: BenchDatabase, config: LimitConfig, log: Any = print) -> dict
         )
         summary[f"claim/{limit}"] = summarize(times).as_json()
         log(f"  limits: claim at limit {limit or 'none'}: p50 {p50:.2f} ms")
-    for limit in (0, *config.limits):
-        task = app.limit_task(limit)
-        rates: dict[str, list[float]] = {"sqla-sync": [], "pgqueuer": []}
-        for _ in range(config.repeat):
-            for system, values in rates.items():
-                run = drain_once(
-                    db, system, config.workers, BATCH, config.jobs, task=task, limit=limit
+    # Repeats interleave the limits (none, 10, 5000, none, ...), so a slow spell of the
+    # shared machine hits every limit alike; each repeat's sqla_queue drain is also
+    # compared with the unlimited one of the same repeat (the paired ratio).
+    order = (0, *config.limits)
+    runs: dict[int, dict[str, list[DrainRun]]] = {
+        limit: {"sqla-sync": [], "pgqueuer": []} for limit in order
+    }
+    for _ in range(config.repeat):
+        for limit in order:
+            task = app.limit_task(limit)
+            for system, done in runs[limit].items():
+                done.append(
+                    drain_once(
+                        db, system, config.workers, BATCH, config.jobs, task=task, limit=limit
+                    )
                 )
-                values.append(run.rate(config.jobs))
-        s = {k: summarize(v) for k, v in rates.items()}
+    for limit in order:
+        s = {k: summarize([r.rate(config.jobs) for r in v]) for k, v in runs[limit].items()}
+        sqla = runs[limit]["sqla-sync"]
         if limit == 0:
             unlimited = s["sqla-sync"].median
+        paired = [
+            ratio(mine.rate(config.jobs), base.rate(config.jobs))
+            for mine, base in zip(sqla, runs[0]["sqla-sync"], strict=True)
+        ]
+        cpu = statistics.median(r.cpu_us_per_job(config.jobs) for r in sqla)
+        server = statistics.median(r.server_us_per_job(config.jobs) for r in sqla)
         table.add(
             limit or "none",
             f"{s['sqla-sync'].median:,.0f}",
             f"{s['pgqueuer'].median:,.0f}",
             fmt_ratio(ratio(s["sqla-sync"].median, s["pgqueuer"].median)),
             fmt_ratio(ratio(s["sqla-sync"].median, unlimited or float("nan"))),
+            f"{statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f})",
+            f"{cpu:.0f}",
+            f"{server:.0f}",
         )
         summary[str(limit)] = {k: v.as_json() for k, v in s.items()}
+        summary[str(limit)]["paired_vs_unlimited"] = paired
+        summary[str(limit)]["worker_cpu_us_per_job"] = cpu
+        summary[str(limit)]["server_cpu_us_per_job"] = server
         log(
             f"  limits: drain at limit {limit or 'none'}: "
             + ", ".join(f"{k} {v.median:,.0f}/s" for k, v in s.items())

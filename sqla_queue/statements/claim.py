@@ -26,6 +26,7 @@ from sqlalchemy import (
     case,
     cast,
     exists,
+    false,
     func,
     null,
     or_,
@@ -178,24 +179,30 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
     """The picks of a claim that respects concurrency limits, and each pick's slot.
 
     * ``room``: per limited task of the worker, its limit (the stored one, else the one
-      declared in code), the running executions without a slot (claimed before version 2:
-      the count gate) and the slots held. Read from this statement's snapshot, so it can
-      be stale by an in-flight claim: that is what the slot index is for.
+      declared in code), the running executions without a slot (claimed before version 2,
+      or before the task had a limit: the count gate) and the seats held at or above the
+      limit (left by a limit lowered while they ran). Read from this statement's snapshot,
+      so it can be stale by an in-flight claim: that is what the slot index is for.
+    * ``seats``: per limited task, up to ``batch`` free seats, numbered ``k`` = 1, 2, ...
+      Seats ``legacy .. limit-1`` are walked from a random offset, one probe of the slot
+      index each, and the walk stops once enough are free: it tries at most ``held +
+      batch`` numbers and never generates a limit-sized series, so a claim costs the same
+      at limit 10 and at limit 5000, and no claim counts the seats held. Seats held above
+      the limit use up free seats first (``k`` starts after them), so a lowered limit
+      waits until the running count is under it. Two claims racing for a roomy limit
+      start at different offsets and rarely pick the same seat; the loser of a collision
+      gets an empty batch.
     * ``picked``: per task of the worker, the first rows without a seat, walked in that
-      task's slice of ``task_claim_ix``: up to a batch for an unlimited task, up to its free
-      capacity for a limited one. The capacity check comes before the LIMIT, so a full task
-      never fills the batch with rows it may not run and starve the rest. Beside them, the
+      task's slice of ``task_claim_ix``: up to a batch for an unlimited task, up to its
+      free seats for a limited one. The cap comes before the LIMIT, so a full task never
+      fills the batch with rows it may not run and starve the rest. Beside them, the
       executions that already hold a slot (a reclaimed job keeps its seat), from the small
-      ``seated_ix``, never gated. The best ``batch`` of both, each numbered within its task.
-    * ``seats``: the k-th free slot for the k-th fresh pick of a task. The search covers
-      only ``held + batch`` numbers, never a limit-sized series, so a claim costs the same
-      at limit 10 and at limit 5000. It starts at a random offset: claims racing for a
-      roomy limit then rarely pick the same seat (the loser of a collision gets an empty
-      batch). Slots lie in ``legacy .. limit-1``: with running rows that hold no slot,
-      fewer seats exist, and the unique index still sees every seat that is taken.
+      ``seated_ix``, never gated. The best ``batch`` of both, fresh ones numbered ``k``
+      within their task.
+    * ``assigned``: the k-th fresh pick of a limited task takes its k-th free seat.
 
-    Few CTEs, on purpose: every one is a node the executor sets up at each claim, and this
-    statement runs once per batch.
+    Few CTEs, on purpose: every node is set up again at each claim, and this statement
+    runs once per batch.
     """
     ex = tables.executions
     limits = tables.limits
@@ -203,38 +210,44 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
     declared = cast(bindparam("limit_map", type_=Text), JSONB)
 
     t = func.unnest(tasks).table_valued("task").render_derived(name="t")
-    limit = func.coalesce(
-        limits.c.concurrency_limit,
-        cast(func.jsonb_extract_path_text(declared, t.c.task), Integer),
-    )
+    stored = select(limits.c.concurrency_limit).where(limits.c.task == t.c.task).scalar_subquery()
+    declared_limit = cast(func.jsonb_extract_path_text(declared, t.c.task), Integer)
+    base = select(t.c.task, func.coalesce(stored, declared_limit).label("lim")).subquery("base")
     r = ex.alias("r")
     legacy = (
         select(func.count())
-        .where(r.c.task == t.c.task, r.c.state == RUNNING, r.c.slot.is_(None))
+        .where(r.c.task == base.c.task, r.c.state == RUNNING, r.c.slot.is_(None))
         .scalar_subquery()
     )
-    h = ex.alias("h")
-    held = select(func.count()).where(h.c.task == t.c.task, h.c.slot.is_not(None)).scalar_subquery()
+    o = ex.alias("o")
+    over = (
+        select(func.count()).where(o.c.task == base.c.task, o.c.slot >= base.c.lim)
+    ).scalar_subquery()
     # Materialized: each count runs once, however often the columns are used below.
     room = (
-        select(t.c.task, limit.label("lim"), legacy.label("legacy"), held.label("held"))
-        .select_from(t.outerjoin(limits, limits.c.task == t.c.task))
-        .where(limit.is_not(None))
+        select(base.c.task, base.c.lim, legacy.label("legacy"), over.label("over"))
+        .where(base.c.lim.is_not(None))
         .cte("room")
         .prefix_with("MATERIALIZED")
     )
-    free = func.greatest(room.c.lim - room.c.legacy - room.c.held, 0)
+    seats = _free_seats(tables, room, batch)
 
     # Every pick walks one task's own slice of an index (task first), so neither a large
     # backlog of a limited task nor another task's backlog is scanned and filtered.
     u = func.unnest(tasks).table_valued("task").render_derived(name="u")
     e = ex.alias("e")
+    free = (
+        select(func.count())
+        .where(seats.c.task == room.c.task)
+        .correlate_except(seats)
+        .scalar_subquery()
+    )
     # The task leads the ORDER BY: see _one_task_claimable.
     locked = (
         select(e.c.id, e.c.priority, e.c.execute_at, e.c.task, e.c.slot)
         .where(*_one_task_claimable(tables, e, u.c.task), e.c.slot.is_(None))
         .order_by(e.c.task, *_claim_order(e))
-        .limit(case((room.c.task.is_(None), batch), else_=func.least(free, batch)))
+        .limit(case((room.c.task.is_(None), batch), else_=free))
         .with_for_update(of=e, skip_locked=True)
         # Two levels below ``u``: correlate explicitly, or ``u`` would be joined anew.
         .correlate_except(e)
@@ -258,48 +271,18 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
         .lateral("seated")
     )
     both = union_all(
-        select(fresh).select_from(u.outerjoin(room, room.c.task == u.c.task).join(fresh, true())),
-        select(seated, null().label("k")).select_from(v.join(seated, true())),
+        select(fresh, room.c.task.is_not(None).label("gated")).select_from(
+            u.outerjoin(room, room.c.task == u.c.task).join(fresh, true())
+        ),
+        select(seated, null().label("k"), false().label("gated")).select_from(
+            v.join(seated, true())
+        ),
     ).subquery("both_")
     picked = (
-        select(both.c.id, both.c.task, both.c.slot, both.c.k)
+        select(both.c.id, both.c.task, both.c.slot, both.c.k, both.c.gated)
         .order_by(*_claim_order(both))
         .limit(batch)
         .cte("picked")
-    )
-    # Seats usable now: legacy .. lim-1. The window is walked from a random offset, so two
-    # claims racing for a roomy limit rarely compute the same seats and collide.
-    usable = func.greatest(room.c.lim - room.c.legacy, 1)
-    s = (
-        func.generate_series(0, func.least(room.c.lim - room.c.legacy, room.c.held + batch) - 1)
-        .table_valued("i")
-        .render_derived(name="s")
-    )
-    offset = bindparam("seat_offset", type_=Integer)
-    seat = room.c.legacy + (s.c.i + offset) % usable
-    x = ex.alias("x")
-    # A seat is free when no execution holds it: one probe of the slot index per seat
-    # tried, stopping once enough are found (the series comes in order; no sort). A scalar
-    # probe rather than NOT EXISTS: the planner would turn NOT EXISTS into an anti join
-    # hashing every held seat of the task.
-    holder = (
-        select(x.c.id)
-        .where(x.c.task == room.c.task, x.c.slot == seat)
-        .limit(1)
-        .correlate_except(x)
-        .scalar_subquery()
-    )
-    free_seats = (
-        select(seat.label("seat"), func.row_number().over().label("k"))
-        .where(holder.is_(None))
-        .limit(func.least(free, batch))
-        .lateral("free_seats")
-    )
-    seats = (
-        select(room.c.task, free_seats.c.seat, free_seats.c.k)
-        .select_from(room.join(free_seats, true()))
-        .where(free > 0)
-        .cte("seats")
     )
     slot = func.coalesce(picked.c.slot, seats.c.seat)
     assigned = (
@@ -315,7 +298,54 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
             )
         )
         # Belt and braces: a limited task's row without a seat is never claimed.
-        .where(or_(slot.is_not(None), ~exists().where(room.c.task == picked.c.task)))
+        .where(or_(slot.is_not(None), ~picked.c.gated))
         .cte("assigned")
     )
     return assigned, assigned.c.slot
+
+
+def _free_seats(tables: QueueTables, room: CTE, batch: Any) -> CTE:
+    """Per limited task in ``room``: ``(task, seat, k)``, its first free seats numbered from 1.
+
+    The seat numbers come from ``generate_series`` in a select list, which PostgreSQL
+    produces one at a time (in FROM it would build the whole series first), so the LIMIT
+    stops the walk, and with it the probes, as soon as enough free seats are found.
+    """
+    ex = tables.executions
+    usable = func.greatest(room.c.lim - room.c.legacy, 1)
+    offset = bindparam("seat_offset", type_=Integer)
+    walk = (
+        select(
+            (
+                room.c.legacy
+                + (func.generate_series(0, room.c.lim - room.c.legacy - 1) + offset) % usable
+            ).label("seat")
+        )
+        .correlate_except()
+        .lateral("walk")
+    )
+    x = ex.alias("x")
+    # A seat is free when no execution holds it: a scalar probe of the slot index. As NOT
+    # EXISTS, the planner would turn it into an anti join hashing every held seat.
+    holder = (
+        select(x.c.id)
+        .where(x.c.task == room.c.task, x.c.slot == walk.c.seat)
+        .limit(1)
+        .correlate_except(x)
+        .scalar_subquery()
+    )
+    # Seats held above the limit are counted off the first free ones found.
+    found = (
+        select(walk.c.seat, (func.row_number().over() - room.c.over).label("k"))
+        .where(holder.is_(None))
+        .limit(batch + room.c.over)
+        .correlate_except(x)
+        .lateral("found")
+    )
+    return (
+        select(room.c.task, found.c.seat, found.c.k)
+        .select_from(room.join(found, true()))
+        .where(found.c.k >= 1)
+        .cte("seats")
+        .prefix_with("MATERIALIZED")
+    )

@@ -172,6 +172,27 @@ def test_seat_search_wraps_around_from_its_offset(engine: Engine) -> None:
     assert len(jobs) == 4
 
 
+def test_lowered_limit_waits_until_the_running_count_is_under_it(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    """Seats held above a lowered limit count against it, not only the seats below it."""
+    for _ in range(5):
+        enqueue(engine, limited3)
+    with engine.begin() as connection:
+        assert len(claim(connection, 5, ["limited3"])) == 3
+    with SessionLocal.begin() as session:
+        queue.set_limit(session, "limited3", 1)
+    for finished in range(3):
+        with engine.begin() as connection:
+            # Three, then two, then one still run: the limit of one is full each time.
+            assert claim(connection, 5, ["limited3"]) == [], finished
+            job, _ = running(engine, "limited3")[0]
+            connection.execute(EX.delete().where(EX.c.id == job))
+    with engine.begin() as connection:
+        assert len(claim(connection, 5, ["limited3"])) == 1
+    assert [slot for _, slot in running(engine, "limited3")] == [0]
+
+
 def test_other_unique_violations_are_not_races(engine: Engine) -> None:
     base = WorkerBase(queue, None, WorkerSettings())
     with engine.connect() as connection, pytest.raises(IntegrityError) as info:

@@ -3,23 +3,38 @@ WITH next_due AS
 FROM app.q_job_executions 
 WHERE app.q_job_executions.state = 'pending' AND app.q_job_executions.task = ANY (%(tasks)s::TEXT[]) AND app.q_job_executions.execute_at > now()), 
 room AS MATERIALIZED 
-(SELECT t.task AS task, coalesce(app.q_task_limits.concurrency_limit, CAST(jsonb_extract_path_text(CAST(%(limit_map)s::VARCHAR AS JSONB), t.task) AS INTEGER)) AS lim, (SELECT count(*) AS count_1 
+(SELECT base.task AS task, base.lim AS lim, (SELECT count(*) AS count_1 
 FROM app.q_job_executions AS r 
-WHERE r.task = t.task AND r.state = 'running' AND r.slot IS NULL) AS legacy, (SELECT count(*) AS count_2 
-FROM app.q_job_executions AS h 
-WHERE h.task = t.task AND h.slot IS NOT NULL) AS held 
-FROM unnest(%(tasks)s::TEXT[]) AS t(task) LEFT OUTER JOIN app.q_task_limits ON app.q_task_limits.task = t.task 
-WHERE coalesce(app.q_task_limits.concurrency_limit, CAST(jsonb_extract_path_text(CAST(%(limit_map)s::VARCHAR AS JSONB), t.task) AS INTEGER)) IS NOT NULL), 
+WHERE r.task = base.task AND r.state = 'running' AND r.slot IS NULL) AS legacy, (SELECT count(*) AS count_2 
+FROM app.q_job_executions AS o 
+WHERE o.task = base.task AND o.slot >= base.lim) AS "over" 
+FROM (SELECT t.task AS task, coalesce((SELECT app.q_task_limits.concurrency_limit 
+FROM app.q_task_limits 
+WHERE app.q_task_limits.task = t.task), CAST(jsonb_extract_path_text(CAST(%(limit_map)s::VARCHAR AS JSONB), t.task) AS INTEGER)) AS lim 
+FROM unnest(%(tasks)s::TEXT[]) AS t(task)) AS base 
+WHERE base.lim IS NOT NULL), 
+seats AS MATERIALIZED 
+(SELECT room.task AS task, found.seat AS seat, found.k AS k 
+FROM room JOIN LATERAL (SELECT walk.seat AS seat, row_number() OVER () - room."over" AS k 
+FROM LATERAL (SELECT room.legacy + (generate_series(%(generate_series_1)s::INTEGER, (room.lim - room.legacy) - %(param_1)s::INTEGER) + %(seat_offset)s::INTEGER) %% greatest(room.lim - room.legacy, %(greatest_1)s::INTEGER) AS seat) AS walk 
+WHERE (SELECT x.id 
+FROM app.q_job_executions AS x 
+WHERE x.task = room.task AND x.slot = walk.seat 
+ LIMIT %(param_2)s::INTEGER) IS NULL 
+ LIMIT __[POSTCOMPILE_batch] + room."over") AS found ON true 
+WHERE found.k >= %(k_1)s::INTEGER), 
 picked AS 
-(SELECT both_.id AS id, both_.task AS task, both_.slot AS slot, both_.k AS k 
-FROM (SELECT fresh.id AS id, fresh.priority AS priority, fresh.execute_at AS execute_at, fresh.task AS task, fresh.slot AS slot, fresh.k AS k 
+(SELECT both_.id AS id, both_.task AS task, both_.slot AS slot, both_.k AS k, both_.gated AS gated 
+FROM (SELECT fresh.id AS id, fresh.priority AS priority, fresh.execute_at AS execute_at, fresh.task AS task, fresh.slot AS slot, fresh.k AS k, room.task IS NOT NULL AS gated 
 FROM unnest(%(tasks)s::TEXT[]) AS u(task) LEFT OUTER JOIN room ON room.task = u.task JOIN LATERAL (SELECT locked.id AS id, locked.priority AS priority, locked.execute_at AS execute_at, locked.task AS task, locked.slot AS slot, row_number() OVER () AS k 
 FROM LATERAL (SELECT e.id AS id, e.priority AS priority, e.execute_at AS execute_at, e.task AS task, e.slot AS slot 
 FROM app.q_job_executions AS e 
 WHERE e.state = 'pending' AND e.execute_at <= now() AND e.task >= u.task AND e.task <= u.task AND (e.queue_id IS NULL OR NOT (EXISTS (SELECT * 
 FROM app.q_job_executions AS p 
 WHERE p.queue_id = e.queue_id AND (p.execute_at, p.id) < (e.execute_at, e.id)))) AND e.slot IS NULL ORDER BY e.task, e.priority DESC, e.execute_at, e.id 
- LIMIT CASE WHEN (room.task IS NULL) THEN __[POSTCOMPILE_batch] ELSE least(greatest((room.lim - room.legacy) - room.held, %(greatest_1)s::INTEGER), __[POSTCOMPILE_batch]) END FOR UPDATE OF e SKIP LOCKED) AS locked) AS fresh ON true UNION ALL SELECT seated.id AS id, seated.priority AS priority, seated.execute_at AS execute_at, seated.task AS task, seated.slot AS slot, NULL AS k 
+ LIMIT CASE WHEN (room.task IS NULL) THEN __[POSTCOMPILE_batch] ELSE (SELECT count(*) AS count_3 
+FROM seats 
+WHERE seats.task = room.task) END FOR UPDATE OF e SKIP LOCKED) AS locked) AS fresh ON true UNION ALL SELECT seated.id AS id, seated.priority AS priority, seated.execute_at AS execute_at, seated.task AS task, seated.slot AS slot, NULL AS k, false AS gated 
 FROM unnest(%(tasks)s::TEXT[]) AS v(task) JOIN LATERAL (SELECT g.id AS id, g.priority AS priority, g.execute_at AS execute_at, g.task AS task, g.slot AS slot 
 FROM app.q_job_executions AS g 
 WHERE g.state = 'pending' AND g.execute_at <= now() AND g.task >= v.task AND g.task <= v.task AND (g.queue_id IS NULL OR NOT (EXISTS (SELECT * 
@@ -27,22 +42,10 @@ FROM app.q_job_executions AS p
 WHERE p.queue_id = g.queue_id AND (p.execute_at, p.id) < (g.execute_at, g.id)))) AND g.slot IS NOT NULL ORDER BY g.task, g.priority DESC, g.execute_at, g.id 
  LIMIT __[POSTCOMPILE_batch] FOR UPDATE OF g SKIP LOCKED) AS seated ON true) AS both_ ORDER BY both_.priority DESC, both_.execute_at, both_.id 
  LIMIT __[POSTCOMPILE_batch]), 
-seats AS 
-(SELECT room.task AS task, free_seats.seat AS seat, free_seats.k AS k 
-FROM room JOIN LATERAL (SELECT room.legacy + (s.i + %(seat_offset)s::INTEGER) %% greatest(room.lim - room.legacy, %(greatest_2)s::INTEGER) AS seat, row_number() OVER () AS k 
-FROM generate_series(%(generate_series_1)s::INTEGER, least(room.lim - room.legacy, room.held + __[POSTCOMPILE_batch]) - %(least_1)s::INTEGER) AS s(i) 
-WHERE (SELECT x.id 
-FROM app.q_job_executions AS x 
-WHERE x.task = room.task AND x.slot = room.legacy + (s.i + %(seat_offset)s::INTEGER) %% greatest(room.lim - room.legacy, %(greatest_2)s::INTEGER) 
- LIMIT %(param_1)s::INTEGER) IS NULL 
- LIMIT least(greatest((room.lim - room.legacy) - room.held, %(greatest_1)s::INTEGER), __[POSTCOMPILE_batch])) AS free_seats ON true 
-WHERE greatest((room.lim - room.legacy) - room.held, %(greatest_1)s::INTEGER) > %(greatest_3)s::INTEGER), 
 assigned AS 
 (SELECT picked.id AS id, coalesce(picked.slot, seats.seat) AS slot 
 FROM picked LEFT OUTER JOIN seats ON picked.task = seats.task AND seats.k = picked.k AND picked.slot IS NULL 
-WHERE coalesce(picked.slot, seats.seat) IS NOT NULL OR NOT (EXISTS (SELECT * 
-FROM room 
-WHERE picked.task = room.task))), 
+WHERE coalesce(picked.slot, seats.seat) IS NOT NULL OR NOT picked.gated), 
 claimed AS 
 (UPDATE app.q_job_executions SET state='running', attempt=(app.q_job_executions.attempt + %(attempt_1)s::INTEGER), worker_id=%(worker)s::UUID, alive_at=now(), lease_seconds=coalesce(CAST(jsonb_extract_path_text(CAST(%(lease_map)s::VARCHAR AS JSONB), app.q_job_executions.task) AS DOUBLE PRECISION), %(lease)s), slot=assigned.slot FROM assigned WHERE app.q_job_executions.id = assigned.id RETURNING app.q_job_executions.id, app.q_job_executions.attempt, app.q_job_executions.reclaims, app.q_job_executions.queue_id)
  SELECT next_due.at AS next_due, claimed.id, claimed.attempt, claimed.reclaims, claimed.queue_id, app.q_jobs.task, app.q_jobs.payload, app.q_jobs.max_attempts 
