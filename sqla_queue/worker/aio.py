@@ -27,7 +27,12 @@ from sqla_queue.worker.core import (
     claims,
 )
 from sqla_queue.worker.handlers import HandlerPool, run_async_handler, run_sync_handler
-from sqla_queue.worker.raw import RawStatements, driver_error, raw_statements_for
+from sqla_queue.worker.raw import (
+    RawStatements,
+    driver_error,
+    raw_statements_for,
+    unit_statement,
+)
 from sqla_queue.worker.settings import WorkerSettings
 from sqla_queue.worker.signals import graceful_signals
 
@@ -184,8 +189,26 @@ async def _execute_raw(
     results: list[Sequence[Any]] = []
     driver = (await connection.get_raw_connection()).driver_connection
     assert driver is not None, "the worker's connection is open"
+    steps = raw.render_steps(work.steps, atomic=work.atomic)
+    if len(steps) > 1:
+        # BEGIN, the ack, the claim and COMMIT in one round trip instead of four.
+        cursors = [AsyncRawCursor(driver, row_factory=namedtuple_row) for _ in steps]
+        try:
+            async with driver.pipeline():
+                for cursor, (rendered, _) in zip(cursors, steps, strict=True):
+                    await cursor.execute(rendered.sql, rendered.args)
+            for cursor, (_, wanted) in zip(cursors, steps, strict=True):
+                if wanted:
+                    rows = await cursor.fetchall() if cursor.description is not None else []
+                    results.append(rows)
+        except dialect.loaded_dbapi.Error as exc:
+            raise driver_error(exc, unit_statement(steps), dialect) from exc
+        finally:
+            for cursor in cursors:
+                await cursor.close()
+        return results
     async with AsyncRawCursor(driver, row_factory=namedtuple_row) as cursor:
-        for rendered, wanted in raw.render_steps(work.steps, atomic=work.atomic):
+        for rendered, wanted in steps:
             try:
                 await cursor.execute(rendered.sql, rendered.args)
             except dialect.loaded_dbapi.Error as exc:

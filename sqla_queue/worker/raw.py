@@ -28,6 +28,7 @@ __all__ = [
     "driver_error",
     "raw_statements_for",
     "supports_raw",
+    "unit_statement",
 ]
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
@@ -161,6 +162,20 @@ class RawStatements:
         if atomic:
             return [(_BEGIN, False), *rendered, (_COMMIT, False)]
         return rendered
+
+
+def unit_statement(steps: Sequence[tuple[RenderedStatement, bool]]) -> RenderedStatement:
+    """The statements of a unit sent together, as one, to name in an error any of them raised.
+
+    A unit of several statements goes to the server in psycopg's pipeline mode: all of
+    them in one round trip, their results read after. An error then surfaces for the unit
+    rather than at the statement that caused it; its SQLSTATE and constraint still tell
+    what happened.
+    """
+    return RenderedStatement(
+        ";\n".join(rendered.sql for rendered, _ in steps),
+        [arg for rendered, _ in steps for arg in rendered.args],
+    )
 
 
 def driver_error(

@@ -36,8 +36,10 @@ class WorkerSettings:
             mode, where session settings do not stick to a connection.
         raw_statements: with psycopg, run the worker's own statements on the driver
             connection, each compiled once, instead of through ``Connection.execute``
-            (about half the worker's CPU per job). They then bypass SQLAlchemy's engine
-            events: turn it off if a tracer hooked on those events must see them.
+            (about half the worker's CPU per job). The acknowledgement of a batch and the
+            claim of the next, with their BEGIN and COMMIT, then go to the server in one
+            round trip (psycopg's pipeline mode). They bypass SQLAlchemy's engine events:
+            turn it off if a tracer hooked on those events must see them.
         install_signal_handlers: handle SIGINT/SIGTERM in ``run()`` (main thread only).
     """
 

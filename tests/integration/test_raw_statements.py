@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
-from sqlalchemy import Engine, func, insert
+from sqlalchemy import Engine, Integer, func, insert, literal, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue import statements
@@ -86,11 +89,74 @@ def test_an_atomic_unit_is_one_transaction(engine: Engine) -> None:
     raw = RawStatements(engine.dialect)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         _execute_raw(connection, raw, _work([(add, {})]))  # id 1
-        with pytest.raises(IntegrityError):
+        with pytest.raises(IntegrityError) as caught:
             _execute_raw(connection, raw, _work([(add, {}), (clash, {})], atomic=True))
         connection.exec_driver_sql("ROLLBACK")
     with Session(engine) as session:
         assert session.query(queue.Job).count() == 1
+    # Sent as one pipeline, the unit's error still names its SQLSTATE and constraint, which
+    # is how a worker tells a lost slot race from a real failure.
+    assert is_unique_violation_of(caught.value, {f"{queue.tables.jobs.name}_pkey"})
+    assert "INSERT INTO" in str(caught.value)
+
+
+def test_an_atomic_unit_is_one_round_trip(engine: Engine, tmp_path: Path) -> None:
+    """BEGIN, the statements and COMMIT reach the server together: one Sync, in order."""
+    first = select(literal(1, Integer).label("n"))
+    second = select(literal(2, Integer).label("n"))
+    raw = RawStatements(engine.dialect)
+    trace = tmp_path / "libpq.trace"
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        driver = connection.connection.driver_connection
+        assert driver is not None
+        with trace.open("w") as out:
+            driver.pgconn.trace(out.fileno())
+            driver.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+            try:
+                results = _execute_raw(
+                    connection, raw, _work([(first, {}), (second, {})], atomic=True)
+                )
+            finally:
+                driver.pgconn.untrace()
+    assert [[row.n for row in rows] for rows in results] == [[1], [2]]
+    sent = [line.split("\t") for line in trace.read_text().splitlines()]
+    messages = [fields[2].split()[0] for fields in sent if len(fields) > 2 and fields[0] == "F"]
+    assert messages.count("Sync") == 1, messages
+    assert messages.count("Execute") == 4, messages  # BEGIN, both selects, COMMIT
+
+
+async def test_an_async_atomic_unit_is_one_round_trip_and_keeps_its_sqlstate(
+    async_engine: AsyncEngine, tmp_path: Path
+) -> None:
+    """The asyncio face pipelines a unit too, and its errors read like the sync face's."""
+    from sqla_queue.worker.aio import _execute_raw as execute_async
+
+    raw = RawStatements(async_engine.dialect)
+    first = select(literal(1, Integer).label("n"))
+    clash = _insert_job(id=1)
+    trace = tmp_path / "libpq.trace"
+    async with async_engine.connect() as opened:
+        connection = await opened.execution_options(isolation_level="AUTOCOMMIT")
+        driver = (await connection.get_raw_connection()).driver_connection
+        assert driver is not None
+        await execute_async(connection, raw, _work([(clash, {})]))
+        with trace.open("w") as out:
+            driver.pgconn.trace(out.fileno())
+            driver.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+            try:
+                results = await execute_async(
+                    connection, raw, _work([(first, {}), (first, {})], atomic=True)
+                )
+            finally:
+                driver.pgconn.untrace()
+        with pytest.raises(IntegrityError) as caught:
+            await execute_async(connection, raw, _work([(first, {}), (clash, {})], atomic=True))
+        await connection.exec_driver_sql("ROLLBACK")
+    assert [[row.n for row in rows] for rows in results] == [[1], [1]]
+    sent = [line.split("\t") for line in trace.read_text().splitlines()]
+    messages = [fields[2].split()[0] for fields in sent if len(fields) > 2 and fields[0] == "F"]
+    assert messages.count("Sync") == 1, messages
+    assert is_unique_violation_of(caught.value, {f"{queue.tables.jobs.name}_pkey"})
 
 
 def test_raw_statements_bypass_engine_events_and_the_setting_restores_them(
