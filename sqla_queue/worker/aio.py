@@ -190,7 +190,7 @@ async def _execute_raw(
     driver = (await connection.get_raw_connection()).driver_connection
     assert driver is not None, "the worker's connection is open"
     steps = raw.render_steps(work.steps, atomic=work.atomic)
-    if len(steps) > 1:
+    if raw.sends_together(steps, atomic=work.atomic):
         # BEGIN, the ack, the claim and COMMIT in one round trip instead of four.
         cursors = [AsyncRawCursor(driver, row_factory=namedtuple_row) for _ in steps]
         try:

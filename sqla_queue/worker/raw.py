@@ -129,6 +129,10 @@ class RawStatements:
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect
         self._compiled: dict[int, tuple[Any, _Compiled]] = {}
+        from psycopg import Pipeline
+
+        #: Whether the libpq under psycopg has pipeline mode (libpq 14 and later).
+        self.pipeline_supported = bool(Pipeline.is_supported())
 
     def render(self, statement: Any, params: Mapping[str, Any]) -> RenderedStatement:
         """``statement`` with ``params`` as ``$n`` text and positional values."""
@@ -162,6 +166,15 @@ class RawStatements:
         if atomic:
             return [(_BEGIN, False), *rendered, (_COMMIT, False)]
         return rendered
+
+    def sends_together(self, steps: Sequence[object], *, atomic: bool) -> bool:
+        """Whether a unit's rendered ``steps`` go to the server in one pipeline.
+
+        Only an atomic unit of several statements does: BEGIN, the statements and COMMIT
+        in one round trip. The statements of a unit that is not atomic each commit on their
+        own, which a pipeline (one implicit transaction up to its sync) would change.
+        """
+        return atomic and len(steps) > 1 and self.pipeline_supported
 
 
 def unit_statement(steps: Sequence[tuple[RenderedStatement, bool]]) -> RenderedStatement:

@@ -100,6 +100,19 @@ def test_an_atomic_unit_is_one_transaction(engine: Engine) -> None:
     assert "INSERT INTO" in str(caught.value)
 
 
+def test_statements_of_a_unit_that_is_not_atomic_commit_one_by_one(engine: Engine) -> None:
+    """Only atomic units are pipelined: elsewhere a failure keeps what came before it."""
+    add = _insert_job()
+    clash = _insert_job(id=1)
+    raw = RawStatements(engine.dialect)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        _execute_raw(connection, raw, _work([(add, {})]))  # id 1
+        with pytest.raises(IntegrityError):
+            _execute_raw(connection, raw, _work([(add, {}), (clash, {})]))
+    with Session(engine) as session:
+        assert session.query(queue.Job).count() == 2
+
+
 def test_an_atomic_unit_is_one_round_trip(engine: Engine, tmp_path: Path) -> None:
     """BEGIN, the statements and COMMIT reach the server together: one Sync, in order."""
     first = select(literal(1, Integer).label("n"))

@@ -79,3 +79,15 @@ def test_docstring_example_holds() -> None:
     from sqla_queue.worker import raw
 
     assert doctest.testmod(raw).failed == 0
+
+
+def test_only_an_atomic_unit_of_several_statements_is_sent_together() -> None:
+    raw = RawStatements(DIALECT)
+    raw.pipeline_supported = True
+    one = raw.render_steps([(select(column("a")), {})], atomic=True)
+    two = raw.render_steps([(select(column("a")), {}), (select(column("b")), {})], atomic=False)
+    assert raw.sends_together(one, atomic=True)  # BEGIN, the statement, COMMIT
+    assert not raw.sends_together(two, atomic=False)
+    assert not raw.sends_together(two[:1], atomic=False)
+    raw.pipeline_supported = False  # a libpq older than 14
+    assert not raw.sends_together(one, atomic=True)
