@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Interval, Text, literal_column
+from sqlalchemy import Interval, Text, func, literal_column
 from sqlalchemy.sql.elements import ColumnElement
 
 from sqla_queue.models.tables import ExecutionState, JobStatus
 
-__all__ = ["FAILED", "PENDING", "QUEUED", "RUNNING", "SUCCEEDED", "seconds", "state_literal"]
+__all__ = [
+    "FAILED",
+    "PENDING",
+    "QUEUED",
+    "RUNNING",
+    "SUCCEEDED",
+    "seconds",
+    "state_literal",
+    "still_running",
+]
 
 
 def state_literal(value: str) -> ColumnElement[str]:
@@ -35,3 +44,15 @@ _ONE_SECOND = literal_column("interval '1 second'", Interval)
 def seconds(amount: ColumnElement[Any]) -> ColumnElement[Any]:
     """An interval of ``amount`` seconds, computed by the database."""
     return amount * _ONE_SECOND
+
+
+def still_running(state: ColumnElement[str]) -> ColumnElement[bool]:
+    """``state = 'running'`` for a fence on rows the caller names by primary key.
+
+    Written so the planner cannot match it to ``running_ix`` (``WHERE state =
+    'running'``): ANALYZE rarely sees a running row, so that index looks empty, and a
+    statement joining its outcomes to it then scans every running row once per outcome
+    (4.7 ms for a completion of 100, against 1.5 ms through the primary key). The
+    coalesce changes nothing else: ``state`` is never NULL.
+    """
+    return func.coalesce(state, state_literal("")) == RUNNING

@@ -37,10 +37,10 @@ from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements._common import (
     FAILED,
     PENDING,
-    RUNNING,
     SUCCEEDED,
     seconds,
     state_literal,
+    still_running,
 )
 
 __all__ = ["complete_statement"]
@@ -85,7 +85,7 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
         ex.c.id == outcome.c.id,
         ex.c.attempt == outcome.c.attempt,
         ex.c.worker_id == worker,
-        ex.c.state == RUNNING,
+        still_running(ex.c.state),
     )
     finished = (
         delete(ex)

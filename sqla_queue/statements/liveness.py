@@ -20,7 +20,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql.dml import ReturningUpdate
 
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.statements._common import PENDING, RUNNING, seconds
+from sqla_queue.statements._common import PENDING, RUNNING, seconds, still_running
 
 __all__ = ["heartbeat_statement", "reclaim_statement"]
 
@@ -41,7 +41,7 @@ def heartbeat_statement(tables: QueueTables) -> ReturningUpdate[int]:
         update(ex)
         .where(
             ex.c.worker_id == bindparam("worker", type_=Uuid),
-            ex.c.state == RUNNING,
+            still_running(ex.c.state),
             tuple_(ex.c.id, ex.c.attempt).in_(held),
         )
         .values(alive_at=func.now())

@@ -88,6 +88,7 @@ def test_no_values_baked_in(tables, name: str) -> None:
         "release",
         "1 second",
         "{}",  # the empty integer[] of a task that holds no slot yet
+        "",  # coalesce(state, '') = 'running': see statements._common.still_running
     }
     assert literals <= allowed, literals - allowed
 
@@ -122,7 +123,7 @@ def test_fences_in_complete(tables) -> None:
     fence = (
         "app.q_job_executions.id = o.id AND app.q_job_executions.attempt = o.attempt "
         "AND app.q_job_executions.worker_id = %(worker)s::UUID "
-        "AND app.q_job_executions.state = 'running'"
+        "AND coalesce(app.q_job_executions.state, '') = 'running'"
     )
     # Both the delete (final outcomes) and the update (requeues) carry the full fence.
     assert sql.count(fence) == 2
@@ -132,6 +133,7 @@ def test_heartbeat_is_fenced(tables) -> None:
     sql = " ".join(compiled(statements.heartbeat_statement(tables)).split())
     assert "(app.q_job_executions.id, app.q_job_executions.attempt) IN" in sql
     assert "worker_id = %(worker)s::UUID" in sql
+    assert "coalesce(app.q_job_executions.state, '') = 'running'" in sql
 
 
 def test_reclaim_locks_in_stable_order(tables) -> None:
