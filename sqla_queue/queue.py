@@ -17,7 +17,6 @@ from sqlalchemy.orm import registry as Registry
 from sqla_queue import statements
 from sqla_queue._binds import scalars_each
 from sqla_queue._identifiers import validate_task_name
-from sqla_queue.bulk import CopyPlan, copy_enqueue, prepare_copy_rows, uses_copy
 from sqla_queue.core.backoff import RetryPolicy
 from sqla_queue.enqueue import TaskDefaults, prepare_rows
 from sqla_queue.errors import TaskAlreadyRegisteredError, UnknownTaskError
@@ -339,9 +338,6 @@ class Queue:
 
         ``queue.enqueue_many(session, (send_email.call(to=a) for a in addresses))``. All
         specs are validated before the first row is written. Returns ids in input order.
-        With psycopg, from :data:`sqla_queue.bulk.COPY_THRESHOLD` calls on, the rows are
-        streamed with COPY instead (same rows, same transaction, one NOTIFY); those writes
-        pass no SQLAlchemy engine event.
         """
         return self.enqueue_specs(session, specs)
 
@@ -349,11 +345,7 @@ class Queue:
         self, session: Bind, specs: Iterable[JobSpec]
     ) -> list[int] | Coroutine[Any, Any, list[int]]:
         """Shared path of every enqueue call: validate, serialize, write (see enqueue_many)."""
-        calls = list(specs)
-        if uses_copy(session, len(calls)):
-            rows = prepare_copy_rows(calls, self._defaults_for)
-            return copy_enqueue(session, CopyPlan(self.tables, self.notify), rows)
-        chunks = prepare_rows(calls, self._defaults_for)
+        chunks = prepare_rows(specs, self._defaults_for)
         return scalars_each(session, self._enqueue_statement, [{"rows": c} for c in chunks])
 
     def enqueue_spec(self, session: Bind, spec: JobSpec) -> int | Coroutine[Any, Any, int]:
