@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -83,34 +85,44 @@ def test_a_driver_error_surfaces_as_sqlalchemy_error_with_its_sqlstate(engine: E
     assert is_unique_violation_of(caught.value, {f"{jobs.name}_pkey"})
 
 
-def test_an_atomic_unit_is_one_transaction(engine: Engine) -> None:
+@pytest.mark.parametrize(("atomic", "kept"), [(True, 1), (False, 2)])
+def test_a_failing_unit_keeps_what_its_transactions_allow(
+    engine: Engine, atomic: bool, kept: int
+) -> None:
+    """An atomic unit is one transaction; elsewhere a failure keeps what came before it.
+
+    Only atomic units are pipelined, and either way the error still names its SQLSTATE and
+    constraint, which is how a worker tells a lost slot race from a real failure.
+    """
     add = _insert_job()
     clash = _insert_job(id=1)
     raw = RawStatements(engine.dialect)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         _execute_raw(connection, raw, _work([(add, {})]))  # id 1
         with pytest.raises(IntegrityError) as caught:
-            _execute_raw(connection, raw, _work([(add, {}), (clash, {})], atomic=True))
-        connection.exec_driver_sql("ROLLBACK")
+            _execute_raw(connection, raw, _work([(add, {}), (clash, {})], atomic=atomic))
+        connection.exec_driver_sql("ROLLBACK")  # ends the aborted unit; a no-op otherwise
     with Session(engine) as session:
-        assert session.query(queue.Job).count() == 1
-    # Sent as one pipeline, the unit's error still names its SQLSTATE and constraint, which
-    # is how a worker tells a lost slot race from a real failure.
+        assert session.query(queue.Job).count() == kept
     assert is_unique_violation_of(caught.value, {f"{queue.tables.jobs.name}_pkey"})
     assert "INSERT INTO" in str(caught.value)
 
 
-def test_statements_of_a_unit_that_is_not_atomic_commit_one_by_one(engine: Engine) -> None:
-    """Only atomic units are pipelined: elsewhere a failure keeps what came before it."""
-    add = _insert_job()
-    clash = _insert_job(id=1)
-    raw = RawStatements(engine.dialect)
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-        _execute_raw(connection, raw, _work([(add, {})]))  # id 1
-        with pytest.raises(IntegrityError):
-            _execute_raw(connection, raw, _work([(add, {}), (clash, {})]))
-    with Session(engine) as session:
-        assert session.query(queue.Job).count() == 2
+@contextmanager
+def _sent_messages(driver: Any, trace: Path) -> Iterator[list[str]]:
+    """Names of the protocol messages the client sends inside the block, filled at its end."""
+    messages: list[str] = []
+    with trace.open("w") as out:
+        driver.pgconn.trace(out.fileno())
+        driver.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            yield messages
+        finally:
+            driver.pgconn.untrace()
+    for line in trace.read_text().splitlines():
+        fields = line.split("\t")
+        if len(fields) > 2 and fields[0] == "F":
+            messages.append(fields[2].split()[0])
 
 
 def test_an_atomic_unit_is_one_round_trip(engine: Engine, tmp_path: Path) -> None:
@@ -122,18 +134,9 @@ def test_an_atomic_unit_is_one_round_trip(engine: Engine, tmp_path: Path) -> Non
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         driver = connection.connection.driver_connection
         assert driver is not None
-        with trace.open("w") as out:
-            driver.pgconn.trace(out.fileno())
-            driver.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
-            try:
-                results = _execute_raw(
-                    connection, raw, _work([(first, {}), (second, {})], atomic=True)
-                )
-            finally:
-                driver.pgconn.untrace()
+        with _sent_messages(driver, trace) as messages:
+            results = _execute_raw(connection, raw, _work([(first, {}), (second, {})], atomic=True))
     assert [[row.n for row in rows] for rows in results] == [[1], [2]]
-    sent = [line.split("\t") for line in trace.read_text().splitlines()]
-    messages = [fields[2].split()[0] for fields in sent if len(fields) > 2 and fields[0] == "F"]
     assert messages.count("Sync") == 1, messages
     assert messages.count("Execute") == 4, messages  # BEGIN, both selects, COMMIT
 
@@ -153,21 +156,14 @@ async def test_an_async_atomic_unit_is_one_round_trip_and_keeps_its_sqlstate(
         driver = (await connection.get_raw_connection()).driver_connection
         assert driver is not None
         await execute_async(connection, raw, _work([(clash, {})]))
-        with trace.open("w") as out:
-            driver.pgconn.trace(out.fileno())
-            driver.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
-            try:
-                results = await execute_async(
-                    connection, raw, _work([(first, {}), (first, {})], atomic=True)
-                )
-            finally:
-                driver.pgconn.untrace()
+        with _sent_messages(driver, trace) as messages:
+            results = await execute_async(
+                connection, raw, _work([(first, {}), (first, {})], atomic=True)
+            )
         with pytest.raises(IntegrityError) as caught:
             await execute_async(connection, raw, _work([(first, {}), (clash, {})], atomic=True))
         await connection.exec_driver_sql("ROLLBACK")
     assert [[row.n for row in rows] for rows in results] == [[1], [1]]
-    sent = [line.split("\t") for line in trace.read_text().splitlines()]
-    messages = [fields[2].split()[0] for fields in sent if len(fields) > 2 and fields[0] == "F"]
     assert messages.count("Sync") == 1, messages
     assert is_unique_violation_of(caught.value, {f"{queue.tables.jobs.name}_pkey"})
 
