@@ -9,7 +9,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from sqlalchemy import MetaData, Select, select
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, CursorResult, Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import registry as Registry
@@ -18,10 +18,16 @@ from sqla_queue import statements
 from sqla_queue._binds import scalars_each
 from sqla_queue._identifiers import validate_task_name
 from sqla_queue.core.backoff import RetryPolicy
-from sqla_queue.enqueue import TaskDefaults, prepare_rows
+from sqla_queue.enqueue import (
+    DriverStatement,
+    TaskDefaults,
+    driver_statement_for,
+    encode_one,
+    prepare_rows,
+)
 from sqla_queue.errors import TaskAlreadyRegisteredError, UnknownTaskError
 from sqla_queue.models import DEFAULT_PREFIX, Job, JobExecution, build_tables, map_classes
-from sqla_queue.task import JobSpec, Task, TaskOptions, make_enqueue_options
+from sqla_queue.task import EnqueueOptions, JobSpec, Task, TaskOptions, make_enqueue_options
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import async_sessionmaker
@@ -115,6 +121,8 @@ class Queue:
         self.retry = retry or RetryPolicy()
         self._tasks: dict[str, Task[Any, Any]] = {}
         self._declared: dict[str, TaskDefaults] = {}
+        # The enqueue statement compiled for each dialect seen (None: not served that way).
+        self._driver_enqueue: dict[Dialect, DriverStatement | None] = {}
 
     def __repr__(self) -> str:
         where = f"{self.tables.schema}." if self.tables.schema else ""
@@ -250,11 +258,60 @@ class Queue:
             return self._declared[name]
         raise UnknownTaskError(self._unknown_message(name))
 
+    def _checked_defaults(self, name: str) -> TaskDefaults:
+        """``validate_task_name`` then ``_defaults_for``, with the check only when needed.
+
+        Registered and declared names were validated when they were added, so a known name
+        skips the pattern match; any other value raises what the two calls would raise.
+        """
+        if isinstance(name, str):
+            task = self._tasks.get(name)
+            if task is not None:
+                opts = task.task_options
+                return TaskDefaults(opts.priority, opts.max_attempts)
+            declared = self._declared.get(name)
+            if declared is not None:
+                return declared
+        validate_task_name(name)
+        raise UnknownTaskError(self._unknown_message(name))
+
     # -- statements ------------------------------------------------------------------------
 
     @cached_property
     def _enqueue_statement(self) -> Select[int]:
         return statements.enqueue_statement(self.tables, notify=self.notify)
+
+    def _driver_statement(self, connection: Connection) -> DriverStatement | None:
+        """The enqueue statement as driver SQL for ``connection``, or None to use execute.
+
+        A ``schema_translate_map`` execution option changes the compiled text, so such a
+        connection keeps SQLAlchemy's own execution, which applies it.
+        """
+        if "schema_translate_map" in connection.get_execution_options():
+            return None
+        dialect = connection.dialect
+        try:
+            return self._driver_enqueue[dialect]
+        except KeyError:
+            found = driver_statement_for(self._enqueue_statement, dialect)
+            self._driver_enqueue[dialect] = found
+            return found
+
+    def _execute_enqueue(self, connection: Connection, rows: str) -> CursorResult[Any]:
+        driver = self._driver_statement(connection)
+        if driver is None:
+            return connection.execute(self._enqueue_statement, {"rows": rows})
+        return connection.exec_driver_sql(driver.text, driver.params({"rows": rows}))
+
+    async def _execute_enqueue_async(self, bind: AsyncSession | AsyncConnection, rows: str) -> int:
+        connection = await bind.connection() if isinstance(bind, AsyncSession) else bind
+        sync = connection.sync_connection
+        driver = None if sync is None else self._driver_statement(sync)
+        if driver is None:
+            result = await connection.execute(self._enqueue_statement, {"rows": rows})
+        else:
+            result = await connection.exec_driver_sql(driver.text, driver.params({"rows": rows}))
+        return int(result.scalar_one())
 
     # -- enqueue ---------------------------------------------------------------------------
 
@@ -350,10 +407,27 @@ class Queue:
 
     def enqueue_spec(self, session: Bind, spec: JobSpec) -> int | Coroutine[Any, Any, int]:
         """Enqueue one call; the id, or a coroutine of it for async sessions."""
-        ids = self.enqueue_specs(session, [spec])
-        if isinstance(ids, list):
-            return ids[0]
-        return _first(ids)
+        return self._enqueue_call(session, spec.task, spec.args, spec.kwargs, spec.options)
+
+    def _enqueue_call(
+        self,
+        session: Bind,
+        task: str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        options: EnqueueOptions,
+    ) -> int | Coroutine[Any, Any, int]:
+        """One job, as ``enqueue_specs`` would write it, on the single-job fast path.
+
+        Same checks in the same order (task name, then the arguments' JSON), same row, same
+        statement; only the statement's execution skips SQLAlchemy's compile-cache lookup
+        where the driver allows (see :class:`~sqla_queue.enqueue.DriverStatement`).
+        """
+        rows = encode_one(task, args, kwargs, options, self._checked_defaults(task))
+        if isinstance(session, AsyncSession | AsyncConnection):
+            return self._execute_enqueue_async(session, rows)
+        connection = session.connection() if isinstance(session, Session) else session
+        return int(self._execute_enqueue(connection, rows).scalar_one())
 
     # -- operations ------------------------------------------------------------------------
 
@@ -492,10 +566,6 @@ def _check_limit(limit: int | None, *, allow_none: bool) -> None:
         return
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"a concurrency limit must be a whole number >= 1, got {limit!r}")
-
-
-async def _first(ids: Coroutine[Any, Any, list[int]]) -> int:
-    return (await ids)[0]
 
 
 async def _count(ids: Coroutine[Any, Any, list[int]]) -> int:

@@ -197,4 +197,5 @@ class Task(Generic[P, R]):
         ``AsyncConnection`` it returns a coroutine to await. The job exists only if that
         transaction commits. Arguments must be JSON-serializable.
         """
-        return self.queue.enqueue_spec(session, self.call(*args, **kwargs))
+        # The call's parts go straight to the single-job path: no JobSpec in between.
+        return self.queue._enqueue_call(session, self.name, args, kwargs, self.call_options)

@@ -21,7 +21,8 @@ _PREPARER = PGDialect().identifier_preparer  # type: ignore[no-untyped-call]
 class Names(Mapping[str, str]):
     """Placeholder values for ``str.format_map`` over a frozen template.
 
-    ``{schema}`` is the quoted schema; a key listed in ``tables`` is the prefixed table name,
+    ``{schema}`` is the quoted schema, ``{schema_dot}`` the quoted schema and a dot (empty
+    without a schema); a key listed in ``tables`` is the prefixed table name,
     schema-qualified; any other key is the prefixed name of an index or constraint, quoted but
     not qualified (PostgreSQL puts those in their table's schema).
     """
@@ -32,6 +33,9 @@ class Names(Mapping[str, str]):
         self._tables = tables
 
     def __getitem__(self, key: str) -> str:
+        if key == "schema_dot":
+            # Qualifies an index name where PostgreSQL needs it (DROP INDEX).
+            return "" if self.schema is None else f"{_PREPARER.quote_schema(self.schema)}."
         if key == "schema":
             if self.schema is None:
                 raise KeyError("this template needs a schema, and none was given")

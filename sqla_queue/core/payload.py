@@ -13,10 +13,19 @@ from typing import Any
 
 from sqla_queue.errors import PayloadNotSerializableError
 
-__all__ = ["decode_arguments", "dump_json", "encode_arguments", "make_payload"]
+__all__ = ["decode_arguments", "dump_json", "encode_arguments", "encode_json", "make_payload"]
 
 # One encoder for every call: json.dumps with options builds a new one each time.
 _encode = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
+
+
+def encode_json(value: Any) -> str:
+    """Compact JSON text of ``value``, NaN refused; ``TypeError``/``ValueError`` otherwise.
+
+    The bare encoder, shared by every enqueue: callers that need the friendly error run
+    :func:`dump_json` on the failing part.
+    """
+    return _encode(value)
 
 
 def _find_offender(value: Any, path: str) -> tuple[str, Any] | None:

@@ -9,22 +9,34 @@ from sqla_queue.statements.admin import failed_jobs_statement, prune_statement, 
 from sqla_queue.statements.claim import claim_statement
 from sqla_queue.statements.complete import complete_statement
 from sqla_queue.statements.enqueue import ENQUEUE_ROW_FIELDS, enqueue_statement
+from sqla_queue.statements.keys import (
+    cleanup_statement,
+    clear_done_statement,
+    orphan_sweep_statement,
+    promote_statement,
+)
 from sqla_queue.statements.limits import (
     delete_limit_statement,
     limited_tasks_statement,
     set_limit_statement,
 )
 from sqla_queue.statements.liveness import heartbeat_statement, reclaim_statement
+from sqla_queue.statements.planner import planner_guard
 
 __all__ = [
     "ENQUEUE_ROW_FIELDS",
     "claim_statement",
+    "cleanup_statement",
+    "clear_done_statement",
     "complete_statement",
     "delete_limit_statement",
     "enqueue_statement",
     "failed_jobs_statement",
     "heartbeat_statement",
     "limited_tasks_statement",
+    "orphan_sweep_statement",
+    "planner_guard",
+    "promote_statement",
     "prune_statement",
     "reclaim_statement",
     "requeue_statement",

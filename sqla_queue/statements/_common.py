@@ -10,11 +10,14 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqla_queue.models.tables import ExecutionState, JobStatus
 
 __all__ = [
+    "DONE",
     "FAILED",
     "PENDING",
     "QUEUED",
     "RUNNING",
     "SUCCEEDED",
+    "WAITING",
+    "has_key",
     "seconds",
     "state_literal",
     "still_running",
@@ -33,6 +36,8 @@ def state_literal(value: str) -> ColumnElement[str]:
 
 PENDING = state_literal(ExecutionState.PENDING)
 RUNNING = state_literal(ExecutionState.RUNNING)
+WAITING = state_literal(ExecutionState.WAITING)
+DONE = state_literal(ExecutionState.DONE)
 QUEUED = state_literal(JobStatus.QUEUED)
 SUCCEEDED = state_literal(JobStatus.SUCCEEDED)
 FAILED = state_literal(JobStatus.FAILED)
@@ -56,3 +61,14 @@ def still_running(state: ColumnElement[str]) -> ColumnElement[bool]:
     coalesce changes nothing else: ``state`` is never NULL.
     """
     return func.coalesce(state, state_literal("")) == RUNNING
+
+
+def has_key(queue_id: ColumnElement[Any]) -> ColumnElement[bool]:
+    """``queue_id IS NOT NULL`` for rows the caller names by primary key.
+
+    Written so the planner cannot prove a keyed index's predicate from it (``queue_ix``,
+    ``queue_active_ix``: ``WHERE queue_id IS NOT NULL``). Seen under statistics taken
+    before any keyed job existed: the completion walked ``queue_ix`` once per outcome,
+    filtering on the id, instead of probing the primary key.
+    """
+    return func.num_nonnulls(queue_id) == 1

@@ -6,6 +6,11 @@ rendered into the SQL text when the statement runs; see :func:`_batch_size`),
 mapping a task name to its own lost interval; ``'{}'`` when none differs). The limited shape
 adds ``limit_map`` (jsonb text: the concurrency limits declared in code, by task name) and
 ``seat_offset`` (a random non-negative int, new for each claim).
+
+Every read of the pending set is an index walk whose length is bounded by the batch,
+whatever the backlog looks like (see :func:`claim_statement`). The worker runs the claim
+after :func:`~sqla_queue.statements.planner.planner_guard`, which takes away the plans that
+only look cheaper under stale statistics.
 """
 
 from __future__ import annotations
@@ -21,13 +26,13 @@ from sqlalchemy import (
     Text,
     Uuid,
     and_,
-    any_,
     bindparam,
     case,
     cast,
     exists,
     false,
     func,
+    literal_column,
     null,
     or_,
     select,
@@ -43,6 +48,9 @@ from sqla_queue.statements._common import PENDING, RUNNING
 
 __all__ = ["claim_statement"]
 
+# A LIMIT written into the text: a bound one would leave generic plans guessing its size.
+_ONE = literal_column("1", Integer)
+
 
 def _batch_size() -> Any:
     """The ``batch`` parameter: the most executions one claim takes.
@@ -57,43 +65,145 @@ def _batch_size() -> Any:
     return bindparam("batch", type_=Integer, literal_execute=True)
 
 
-def _claimable(tables: QueueTables, row: Any, tasks: ColumnElement[Any]) -> list[Any]:
-    """Due, pending, one of ``tasks``, and the head of its queue_id if it has one.
+def _is_head(tables: QueueTables, row: Any) -> ColumnElement[bool]:
+    """No execution of the same ``queue_id`` runs, and no queued one comes before ``row``.
 
-    A row with a ``queue_id`` is a candidate only when no active row of the same queue_id
-    comes before it in ``(execute_at, id)``. Running rows count as predecessors, so the next
-    job of a key waits for the running one to finish.
+    Two probes: ``queue_running_uq`` for a running execution of the key, whatever its
+    place in the order (a job enqueued with a due time before the running one's would
+    otherwise count as the head, and its claim would collide with the running one in that
+    unique index, failing every claim of the batch until it finished), and
+    ``queue_active_ix`` for an earlier queued one. Waiting executions are in neither
+    index: they are behind a queued or running one of their key by construction, and a
+    key's waiting backlog, however long, is never walked.
     """
+    r = tables.executions.alias("r_key")
     p = tables.executions.alias("p")
-    is_head = ~exists().where(
-        p.c.queue_id == row.c.queue_id,
-        tuple_(p.c.execute_at, p.c.id) < tuple_(row.c.execute_at, row.c.id),
+    return or_(
+        row.c.queue_id.is_(None),
+        and_(
+            ~exists().where(r.c.queue_id == row.c.queue_id, r.c.state == RUNNING),
+            ~exists().where(
+                p.c.queue_id == row.c.queue_id,
+                or_(p.c.state == PENDING, p.c.state == RUNNING),
+                tuple_(p.c.execute_at, p.c.id) < tuple_(row.c.execute_at, row.c.id),
+            ),
+        ),
     )
-    return [
-        row.c.state == PENDING,
-        row.c.execute_at <= func.now(),
-        row.c.task == tasks,
-        or_(row.c.queue_id.is_(None), is_head),
-    ]
 
 
-def _one_task_claimable(tables: QueueTables, row: Any, task: ColumnElement[Any]) -> list[Any]:
-    """:func:`_claimable` for the rows of one task, walked in that task's own index slice.
+def _levels(tables: QueueTables, tasks: Any) -> CTE:
+    """Per task of the worker, each priority that its fresh pending executions use.
 
-    The task is matched as a range of one value, ``task >= t AND task <= t``, which the
-    per-task index serves exactly like equality. With plain equality the planner treats
-    the task as a constant, drops it from the required order, and in a generic plan (which
-    cannot tell how common the task is) may prefer walking ``claim_ix``, every task in
-    claim order, filtering as it goes: that passes over all other tasks' backlog whenever
-    this task has few ready rows. The range keeps the task in the order, which only the
-    per-task index delivers without a sort.
+    A recursive walk down ``task_claim_ix``: the highest priority of the task, then the
+    highest below it, and so on, one index probe per step, never a row per execution. The
+    claim then walks each (task, priority) slice in ``execute_at`` order with the due time
+    as an index bound, so rows scheduled for later are never passed over, and the cost of a
+    claim grows with the number of priorities in use, not with the backlog.
     """
-    state, due, _, head = _claimable(tables, row, task)
-    return [state, due, row.c.task >= task, row.c.task <= task, head]
+    ex = tables.executions
+    t = func.unnest(tasks).table_valued("task").render_derived(name="t")
+
+    def highest(task: Any, below: Any = None) -> Any:
+        e = ex.alias("lv")
+        conditions = [e.c.task == task, e.c.state == PENDING, e.c.slot.is_(None)]
+        if below is not None:
+            conditions.append(e.c.priority < below)
+        return (
+            select(e.c.priority)
+            .where(*conditions)
+            .order_by(e.c.priority.desc())
+            .limit(_ONE)
+            .scalar_subquery()
+        )
+
+    levels = select(t.c.task, highest(t.c.task).label("priority")).cte("levels", recursive=True)
+    previous = levels.alias("l")
+    return levels.union_all(
+        select(previous.c.task, highest(previous.c.task, previous.c.priority)).where(
+            previous.c.priority.is_not(None)
+        )
+    )
+
+
+def _ready(tables: QueueTables, level: Any, limit: Any, name: str) -> Any:
+    """The first due, claimable executions of one (task, priority) slice, locked.
+
+    Task and priority are matched by equality, so ``task_claim_ix`` is walked from the
+    slice's first row in ``(execute_at, id)`` order and the walk ends at the first row not
+    yet due: it reads at most ``limit`` rows plus those it skips (locked by another claim,
+    or a key's second row queued before the key's head was claimed).
+    """
+    e = tables.executions.alias("e")
+    return (
+        select(e.c.id, e.c.task, e.c.priority, e.c.execute_at, e.c.slot)
+        .where(
+            e.c.task == level.c.task,
+            e.c.priority == level.c.priority,
+            e.c.state == PENDING,
+            e.c.slot.is_(None),
+            e.c.execute_at <= func.now(),
+            _is_head(tables, e),
+        )
+        .order_by(e.c.execute_at, e.c.id)
+        .limit(limit)
+        # NO KEY UPDATE: an enqueue holding this row as its key's predecessor (KEY SHARE)
+        # does not stand in the way of claiming it.
+        .with_for_update(of=e, skip_locked=True, key_share=True)
+        .correlate_except(e)
+        .lateral(name)
+    )
+
+
+def _seated(tables: QueueTables, tasks: Any, batch: Any) -> Any:
+    """Per task, due executions that kept a capacity seat through a reclaim, locked.
+
+    They are few (at most the task's limit) and claimed whatever the room: recovery is
+    never gated by a limit. Walked in ``seated_ix``.
+    """
+    v = func.unnest(tasks).table_valued("task").render_derived(name="v")
+    g = tables.executions.alias("g")
+    seated = (
+        select(g.c.id, g.c.task, g.c.priority, g.c.execute_at, g.c.slot)
+        .where(
+            g.c.task == v.c.task,
+            g.c.state == PENDING,
+            g.c.slot.is_not(None),
+            g.c.execute_at <= func.now(),
+            _is_head(tables, g),
+        )
+        .order_by(g.c.priority.desc(), g.c.execute_at, g.c.id)
+        .limit(batch)
+        .with_for_update(of=g, skip_locked=True, key_share=True)
+        .lateral("seated")
+    )
+    return v, seated
 
 
 def _claim_order(row: Any) -> tuple[Any, ...]:
     return (row.c.priority.desc(), row.c.execute_at, row.c.id)
+
+
+def _next_due(tables: QueueTables, levels: CTE) -> CTE:
+    """When the worker's next pending execution falls due: one index probe per slice."""
+    e = tables.executions.alias("n")
+    first_later = (
+        select(e.c.execute_at)
+        .where(
+            e.c.task == levels.c.task,
+            e.c.priority == levels.c.priority,
+            e.c.state == PENDING,
+            e.c.slot.is_(None),
+            e.c.execute_at > func.now(),
+        )
+        .order_by(e.c.execute_at)
+        .limit(_ONE)
+        .scalar_subquery()
+    )
+    return (
+        select(func.min(first_later).label("at"))
+        .where(levels.c.priority.is_not(None))
+        .cte("next_due")
+    )
 
 
 def claim_statement(tables: QueueTables, *, limited: bool = False) -> Select[*tuple[Any, ...]]:
@@ -102,38 +212,34 @@ def claim_statement(tables: QueueTables, *, limited: bool = False) -> Select[*tu
     Shape, in one round trip:
 
     ```sql
-    WITH candidates AS (SELECT id ... ORDER BY priority DESC, execute_at, id
-                        LIMIT :batch FOR UPDATE OF e SKIP LOCKED),
+    WITH RECURSIVE levels AS (per task: each priority in use, one index probe each),
+         candidates AS (per (task, priority): the first due heads in (execute_at, id)
+                        order, LIMIT :batch, FOR NO KEY UPDATE SKIP LOCKED; plus the
+                        executions that kept a seat; the best :batch of all),
          claimed    AS (UPDATE executions SET state='running', ... RETURNING ...),
-         next_due   AS (SELECT min(execute_at) ... WHERE execute_at > now())
+         next_due   AS (per (task, priority): the first row not yet due)
     SELECT next_due.at, claimed.*, jobs.payload ...
     FROM next_due LEFT JOIN (claimed JOIN jobs) ON true
     ```
 
-    The outer join always yields one row, so an empty claim still reports when the next
-    job falls due and an idle poller can sleep exactly until then.
+    Each slice is walked with its due time as an index bound, so the claim reads a batch
+    of rows per slice whatever the backlog: rows scheduled for later, other tasks'
+    backlogs and a hot key's waiting jobs are never passed over. The outer join always
+    yields one row, so an empty claim still reports when the next job falls due and an
+    idle poller can sleep exactly until then.
 
     With ``limited``, fresh claims of tasks that have a concurrency limit (declared in code
-    or stored in the limits table) take a capacity slot; see :func:`_limited_picks`. A
-    worker none of whose tasks is limited uses the plain shape, which is the version-1
-    statement unchanged.
+    or stored in the limits table) take a capacity slot; see :func:`_limited_picks`.
     """
     ex = tables.executions
     jobs = tables.jobs
     tasks = bindparam("tasks", type_=ARRAY(Text))
+    levels = _levels(tables, tasks)
     if limited:
-        picks, slot = _limited_picks(tables, tasks)
+        picks, slot = _limited_picks(tables, tasks, levels)
         extra = {"slot": slot}
     else:
-        e = ex.alias("e")
-        picks = (
-            select(e.c.id)
-            .where(*_claimable(tables, e, any_(tasks)))
-            .order_by(*_claim_order(e))
-            .limit(_batch_size())
-            .with_for_update(of=e, skip_locked=True)
-            .cte("candidates")
-        )
+        picks = _plain_picks(tables, tasks, levels)
         extra = {}
     lease = func.coalesce(
         cast(
@@ -155,27 +261,37 @@ def claim_statement(tables: QueueTables, *, limited: bool = False) -> Select[*tu
             lease_seconds=lease,
             **extra,
         )
-        .returning(ex.c.id, ex.c.attempt, ex.c.reclaims, ex.c.queue_id)
+        .returning(ex.c.id, ex.c.attempt, ex.c.reclaims, ex.c.queue_id, ex.c.task)
         .cte("claimed")
     )
-    next_due = (
-        select(func.min(ex.c.execute_at).label("at"))
-        .where(ex.c.state == PENDING, ex.c.task == any_(tasks), ex.c.execute_at > func.now())
-        .cte("next_due")
-    )
+    next_due = _next_due(tables, levels)
     return select(
         next_due.c.at.label("next_due"),
         claimed.c.id,
         claimed.c.attempt,
         claimed.c.reclaims,
         claimed.c.queue_id,
-        jobs.c.task,
+        claimed.c.task,
         jobs.c.payload,
         jobs.c.max_attempts,
-    ).select_from(next_due.outerjoin(claimed.join(jobs, jobs.c.id == claimed.c.id), true()))
+        # Outer: an execution whose job row was deleted by hand comes back with a NULL
+        # payload, and the worker fails it, instead of holding it unseen until reclaimed.
+    ).select_from(next_due.outerjoin(claimed.outerjoin(jobs, jobs.c.id == claimed.c.id), true()))
 
 
-def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[Any]]:
+def _plain_picks(tables: QueueTables, tasks: Any, levels: CTE) -> CTE:
+    """The picks of a claim without concurrency limits: the best ``batch`` of every slice."""
+    batch = _batch_size()
+    fresh = _ready(tables, levels, batch, "fresh")
+    v, seated = _seated(tables, tasks, batch)
+    both = union_all(
+        select(fresh).select_from(levels.join(fresh, true())),
+        select(seated).select_from(v.join(seated, true())),
+    ).subquery("both_")
+    return select(both.c.id).order_by(*_claim_order(both)).limit(batch).cte("candidates")
+
+
+def _limited_picks(tables: QueueTables, tasks: Any, levels: CTE) -> tuple[CTE, ColumnElement[Any]]:
     """The picks of a claim that respects concurrency limits, and each pick's slot.
 
     * ``room``: per limited task of the worker, its limit (the stored one, else the one
@@ -192,17 +308,13 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
       waits until the running count is under it. Two claims racing for a roomy limit
       start at different offsets and rarely pick the same seat; the loser of a collision
       gets an empty batch.
-    * ``picked``: per task of the worker, the first rows without a seat, walked in that
-      task's slice of ``task_claim_ix``: up to a batch for an unlimited task, up to its
-      free seats for a limited one. The cap comes before the LIMIT, so a full task never
-      fills the batch with rows it may not run and starve the rest. Beside them, the
-      executions that already hold a slot (a reclaimed job keeps its seat), from the small
-      ``seated_ix``, never gated. The best ``batch`` of both, fresh ones numbered ``k``
-      within their task.
+    * ``picked``: per (task, priority) slice, the first due heads without a seat: up to a
+      batch for an unlimited task, up to its free seats for a limited one, numbered ``k``
+      within their task in claim order and capped by the free seats before the batch
+      LIMIT, so a full task never fills the batch with rows it may not run and starve the
+      rest. Beside them, the executions that already hold a slot (a reclaimed job keeps
+      its seat), never gated. The best ``batch`` of both.
     * ``assigned``: the k-th fresh pick of a limited task takes its k-th free seat.
-
-    Few CTEs, on purpose: every node is set up again at each claim, and this statement
-    runs once per batch.
     """
     ex = tables.executions
     limits = tables.limits
@@ -231,49 +343,30 @@ def _limited_picks(tables: QueueTables, tasks: Any) -> tuple[CTE, ColumnElement[
         .prefix_with("MATERIALIZED")
     )
     seats = _free_seats(tables, room, batch)
-
-    # Every pick walks one task's own slice of an index (task first), so neither a large
-    # backlog of a limited task nor another task's backlog is scanned and filtered.
-    u = func.unnest(tasks).table_valued("task").render_derived(name="u")
-    e = ex.alias("e")
     free = (
         select(func.count())
         .where(seats.c.task == room.c.task)
         .correlate_except(seats)
         .scalar_subquery()
     )
-    # The task leads the ORDER BY: see _one_task_claimable.
-    locked = (
-        select(e.c.id, e.c.priority, e.c.execute_at, e.c.task, e.c.slot)
-        .where(*_one_task_claimable(tables, e, u.c.task), e.c.slot.is_(None))
-        .order_by(e.c.task, *_claim_order(e))
-        .limit(case((room.c.task.is_(None), batch), else_=free))
-        .with_for_update(of=e, skip_locked=True)
-        # Two levels below ``u``: correlate explicitly, or ``u`` would be joined anew.
-        .correlate_except(e)
-        .lateral("locked")
+    fresh = _ready(tables, levels, case((room.c.task.is_(None), batch), else_=free), "fresh")
+    k = func.row_number().over(partition_by=fresh.c.task, order_by=_claim_order(fresh))
+    numbered = (
+        select(fresh, k.label("k"), room.c.task.is_not(None).label("gated"), free.label("free"))
+        .select_from(levels.outerjoin(room, room.c.task == levels.c.task).join(fresh, true()))
+        .subquery("numbered")
     )
-    # k numbers a task's fresh picks 1, 2, ... in the order they come; the top ``batch``
-    # of all tasks keeps a prefix of each task's picks, so the k-th kept pick meets the
-    # k-th free seat. Any pairing of distinct picks with distinct free seats is correct;
-    # numbering in arrival order spares the sorts a window over the claim order costs.
-    fresh = select(locked, func.row_number().over().label("k")).lateral("fresh")
-    # A reclaimed execution keeps its seat: it is claimed again whatever the room, so
-    # recovery is never gated by the limit.
-    v = func.unnest(tasks).table_valued("task").render_derived(name="v")
-    g = ex.alias("g")
-    seated = (
-        select(g.c.id, g.c.priority, g.c.execute_at, g.c.task, g.c.slot)
-        .where(*_one_task_claimable(tables, g, v.c.task), g.c.slot.is_not(None))
-        .order_by(g.c.task, *_claim_order(g))
-        .limit(batch)
-        .with_for_update(of=g, skip_locked=True)
-        .lateral("seated")
-    )
+    v, seated = _seated(tables, tasks, batch)
     both = union_all(
-        select(fresh, room.c.task.is_not(None).label("gated")).select_from(
-            u.outerjoin(room, room.c.task == u.c.task).join(fresh, true())
-        ),
+        select(
+            numbered.c.id,
+            numbered.c.task,
+            numbered.c.priority,
+            numbered.c.execute_at,
+            numbered.c.slot,
+            numbered.c.k,
+            numbered.c.gated,
+        ).where(or_(~numbered.c.gated, numbered.c.k <= numbered.c.free)),
         select(seated, null().label("k"), false().label("gated")).select_from(
             v.join(seated, true())
         ),

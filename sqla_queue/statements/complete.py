@@ -35,9 +35,11 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqla_queue.core.outcomes import OutcomeKind
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements._common import (
+    DONE,
     FAILED,
     PENDING,
     SUCCEEDED,
+    has_key,
     seconds,
     state_literal,
     still_running,
@@ -57,8 +59,9 @@ def _kinds(kinds: tuple[OutcomeKind, ...]) -> list[object]:
 def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
     """Build the completion statement for ``tables``.
 
-    * succeeded / failed: delete the execution, write the job's final status, result,
-      error and ``finished_at``;
+    * succeeded / failed: delete the execution (mark a keyed one ``done``, for the
+      worker's next statement to delete), write the job's final status, result, error and
+      ``finished_at``;
     * retry: execution back to pending at the retry time, the attempt kept (it counted),
       the error appended to the job's history;
     * reschedule / release: back to pending with the attempt given back.
@@ -87,11 +90,21 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
         ex.c.worker_id == worker,
         still_running(ex.c.state),
     )
+    final = outcome.c.kind.in_(_kinds(_FINAL))
     finished = (
-        delete(ex)
-        .where(fence, outcome.c.kind.in_(_kinds(_FINAL)))
+        delete(ex).where(fence, final, ex.c.queue_id.is_(None)).returning(ex.c.id).cte("finished")
+    )
+    # A finished keyed execution is marked 'done', not deleted: an enqueue in flight may
+    # hold it (KEY SHARE) as the predecessor of its key's new waiting job, and a DELETE
+    # would wait for that business transaction. The worker's next statement deletes the
+    # done rows nobody holds (keys.clear_done_statement), then promotes the keys' next
+    # jobs. Its seat is given up here, so a done row never holds capacity.
+    parked = (
+        update(ex)
+        .where(fence, final, has_key(ex.c.queue_id))
+        .values(state=DONE, worker_id=null(), alive_at=null(), slot=null())
         .returning(ex.c.id)
-        .cte("finished")
+        .cte("parked")
     )
     next_run = func.coalesce(
         outcome.c.execute_at,
@@ -116,7 +129,7 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
         .returning(ex.c.id)
         .cte("requeued")
     )
-    applied = union_all(select(finished.c.id), select(requeued.c.id))
+    applied = union_all(select(finished.c.id), select(requeued.c.id), select(parked.c.id))
     kind = outcome.c.kind
     recorded = (
         update(jobs)
@@ -141,7 +154,7 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
             ),
             attempts=outcome.c.attempt,
             finished_at=case(
-                (kind.in_(_kinds(_FINAL)), func.now()),
+                (final, func.now()),
                 else_=jobs.c.finished_at,
             ),
         )
@@ -153,5 +166,6 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
     return union_all(
         select(finished.c.id),
         select(requeued.c.id),
+        select(parked.c.id),
         select(recorded.c.id).where(literal_column("false")),
     )

@@ -13,19 +13,23 @@ from sqlalchemy import (
     Integer,
     Select,
     Text,
+    and_,
     bindparam,
+    case,
     cast,
     column,
     func,
     insert,
     literal,
+    literal_column,
+    or_,
     select,
     true,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.statements._common import PENDING, seconds
+from sqla_queue.statements._common import PENDING, RUNNING, WAITING, seconds
 
 __all__ = ["ENQUEUE_ROW_FIELDS", "enqueue_statement"]
 
@@ -92,18 +96,73 @@ def enqueue_statement(tables: QueueTables, *, notify: bool) -> Select[int]:
         .returning(jobs.c.id, jobs.c.task, jobs.c.priority, jobs.c.queue_id, jobs.c.scheduled_at)
         .cte("new_jobs")
     )
+    # A keyed job waits (outside the claim's indexes) behind its key's head: when one of
+    # the key's pending or running executions comes before it, when an earlier job of its
+    # key is in this batch, or when the key has no head but waiting jobs (a head finished
+    # and its successor is not promoted yet; promotion goes in order, so the new job takes
+    # its place among them). Each key needs two probes: the head, first of the few pending
+    # and running rows (queue_active_ix), and any one waiting row (waiting_ix), never a walk
+    # of the key's waiting backlog, which a hot key makes long. The rows found are locked
+    # KEY SHARE, which keeps the waiting job from being forgotten: the worker that finishes
+    # one of them cannot delete it while this transaction runs (it leaves it 'done'), so
+    # the key's next promotion happens after this job is visible. The lock blocks neither
+    # claims, nor heartbeats, nor requeues (all NO KEY UPDATE); a statement with no keyed
+    # row reads nothing here.
+    keys = (
+        select(new_jobs.c.queue_id).where(new_jobs.c.queue_id.is_not(None)).distinct().cte("keys")
+    )
+    one = literal_column("1", Integer)
+    h = ex.alias("h")
+    head = (
+        select(h.c.execute_at)
+        .where(h.c.queue_id == keys.c.queue_id, or_(h.c.state == PENDING, h.c.state == RUNNING))
+        .order_by(h.c.execute_at, h.c.id)
+        .limit(one)
+        .with_for_update(of=h, read=True, key_share=True)
+        .correlate_except(h)
+        .lateral("head")
+    )
+    w = ex.alias("w")
+    backlog = (
+        select(w.c.execute_at)
+        .where(w.c.queue_id == keys.c.queue_id, w.c.state == WAITING)
+        .limit(one)
+        .with_for_update(of=w, read=True, key_share=True)
+        .correlate_except(w)
+        .lateral("backlog")
+    )
+    ahead = (
+        select(
+            keys.c.queue_id,
+            head.c.execute_at.label("head_at"),
+            (backlog.c.execute_at.is_not(None)).label("has_waiting"),
+        )
+        .select_from(keys.outerjoin(head, true()).outerjoin(backlog, true()))
+        .cte("ahead")
+    )
+    turn = func.row_number().over(
+        partition_by=new_jobs.c.queue_id, order_by=(new_jobs.c.scheduled_at, new_jobs.c.id)
+    )
+    ranked = select(new_jobs, turn.label("turn")).subquery("ranked")
+    state = case(
+        (ranked.c.queue_id.is_(None), PENDING),
+        (ranked.c.turn > 1, WAITING),
+        (ahead.c.head_at <= ranked.c.scheduled_at, WAITING),
+        (and_(ahead.c.head_at.is_(None), ahead.c.has_waiting), WAITING),
+        else_=PENDING,
+    )
     new_executions = (
         insert(ex)
         .from_select(
             ["id", "task", "priority", "queue_id", "state", "execute_at"],
             select(
-                new_jobs.c.id,
-                new_jobs.c.task,
-                new_jobs.c.priority,
-                new_jobs.c.queue_id,
-                PENDING,
-                new_jobs.c.scheduled_at,
-            ),
+                ranked.c.id,
+                ranked.c.task,
+                ranked.c.priority,
+                ranked.c.queue_id,
+                state,
+                ranked.c.scheduled_at,
+            ).select_from(ranked.outerjoin(ahead, ahead.c.queue_id == ranked.c.queue_id)),
         )
         .returning(ex.c.id)
         .cte("new_executions")

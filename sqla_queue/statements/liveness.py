@@ -54,10 +54,14 @@ def reclaim_statement(tables: QueueTables) -> ReturningUpdate[*tuple[Any, ...]]:
 
     Parameter: ``held`` (bigint[]), the executions the calling worker runs right now: it
     never reclaims those, even if its own heartbeat is late. Its other rows are fair game:
-    a claim whose reply was lost to a dropped connection leaves rows nobody runs. Rows are
-    locked in id order with SKIP LOCKED, so two reclaimers never deadlock and never wait on
-    a row that a completer is deleting. The attempt stays as it is: the next claim counts a
-    new one. ``reclaims`` counts how often the job was lost.
+    a claim whose reply was lost to a dropped connection leaves rows nobody runs. The
+    attempt stays as it is: the next claim counts a new one. ``reclaims`` counts how often
+    the job was lost.
+
+    The walk is ``running_ix``: running rows only, as many as the workers' concurrency,
+    never the backlog. Rows are locked with SKIP LOCKED, so no reclaimer ever waits, and
+    no lock order is needed: none of them can deadlock. The lock is NO KEY UPDATE, which an
+    enqueue holding a running row as its key's predecessor (KEY SHARE) does not block.
     """
     ex = tables.executions
     stale_cte = (
@@ -67,8 +71,7 @@ def reclaim_statement(tables: QueueTables) -> ReturningUpdate[*tuple[Any, ...]]:
             ex.c.alive_at < func.now() - seconds(ex.c.lease_seconds),
             ex.c.id != all_(bindparam("held", type_=ARRAY(BigInteger))),
         )
-        .order_by(ex.c.id)
-        .with_for_update(skip_locked=True)
+        .with_for_update(skip_locked=True, key_share=True)
         .cte("stale")
     )
     return (

@@ -115,11 +115,9 @@ class AsyncWorker(WorkerBase):
                     continue
                 try:
                     if connection is None:
-                        # Each statement is its own transaction (see the sync face).
+                        # Autocommit, each unit with its own BEGIN (see the sync face).
                         connection = await self.engine.connect()
                         await connection.execution_options(isolation_level="AUTOCOMMIT")
-                        for setting in core.session_setup:
-                            await connection.exec_driver_sql(setting)
                     await self._perform(connection, core, action, now, pool, make_context)
                 except DBAPIError as exc:
                     await _discard(connection)

@@ -61,6 +61,7 @@ class Heartbeater(threading.Thread):
         params = {"worker": self.core.worker_id, "ids": ids, "attempts": attempts}
         try:
             with self.engine.begin() as connection:
+                connection.execute(self.core.guard)
                 alive = connection.execute(self.core.heartbeat_statement, params).scalars().all()
         except Exception as exc:
             log.warning("heartbeat failed, retrying in %.1fs: %s", self.interval, exc)

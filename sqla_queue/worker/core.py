@@ -46,16 +46,12 @@ _BACK_TO_PENDING = (OutcomeKind.RETRY, OutcomeKind.RESCHEDULE, OutcomeKind.RELEA
 #: Longest pause after a database error before trying again, in seconds.
 MAX_ERROR_BACKOFF = 10.0
 
-#: Session settings of the worker's own connection (``WorkerSettings.generic_plans``).
-#: The driver prepares a statement once it has run a few times; PostgreSQL would still
-#: plan the claim afresh at every run because its estimate of a generic plan is poor,
-#: and planning costs as much as executing. Forcing the generic plan removes that work;
-#: every statement this connection runs has a generic plan that uses the same indexes
-#: (tests/integration/test_generic_plans.py checks them). JIT is off because those
-#: pessimistic estimates would otherwise cross ``jit_above_cost`` and compile each claim
-#: for longer than it runs. The connection is closed, never returned to the pool, so the
-#: settings do not leak into the application's sessions.
-GENERIC_PLAN_SETTINGS = ("SET plan_cache_mode = force_generic_plan", "SET jit = off")
+#: Waiting keys visited per sweep, and parked executions deleted per sweep: bounds on the
+#: work of one maintenance action, whatever the backlog.
+SWEEP_KEYS = 100
+CLEANUP_BATCH = 100
+#: Seconds before a key whose finished execution an enqueue in flight holds is tried again.
+PARKED_RETRY = 0.2
 
 
 @dataclass(frozen=True)
@@ -79,7 +75,7 @@ class Claim:
 
 @dataclass(frozen=True)
 class Maintain:
-    """Periodic upkeep: reclaim lost executions, re-read the stored limits."""
+    """Periodic upkeep: reclaim lost executions, re-read the stored limits, sweep keys."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +108,8 @@ class Work:
 
     A face executes ``steps`` in order (inside one transaction when ``atomic``), hands the
     rows of each step to ``done`` and dispatches the executions it returns. If anything
-    fails it calls ``failed`` and lets the error propagate.
+    fails it calls ``failed`` and lets the error propagate. Every unit the core prepares is
+    atomic and opens with the planner guard (see :mod:`sqla_queue.statements.planner`).
     """
 
     steps: list[tuple[Any, dict[str, Any]]]
@@ -188,7 +185,11 @@ class WorkerCore:
         self.complete_statement = statements.complete_statement(queue.tables)
         self.heartbeat_statement = statements.heartbeat_statement(queue.tables)
         self.reclaim_statement = statements.reclaim_statement(queue.tables)
-        self.session_setup = GENERIC_PLAN_SETTINGS if settings.generic_plans else ()
+        self.promote_statement = statements.promote_statement(queue.tables)
+        self._cleanup_statement = statements.cleanup_statement(queue.tables)
+        self._clear_done_statement = statements.clear_done_statement(queue.tables)
+        self._orphan_sweep_statement = statements.orphan_sweep_statement(queue.tables)
+        self.guard = statements.planner_guard(generic_plans=settings.generic_plans)
         self._claim_params: dict[str, Any] = {
             "tasks": sorted(self.tasks),
             "worker": self.worker_id,
@@ -201,6 +202,10 @@ class WorkerCore:
         self._lock = threading.Lock()
         self._running: dict[int, _Running] = {}
         self._outcomes: list[Outcome] = []
+        # Keys whose next waiting job may be due for promotion: those of buffered outcomes,
+        # and those a cleanup freed (promoted by the next unit, in a statement of its own).
+        self._keys: set[str] = set()
+        self._sweep_after = ""
         self._wake: Callable[[], None] = lambda: None
         self._next_poll = 0.0
         self._next_reclaim = 0.0
@@ -267,7 +272,7 @@ class WorkerCore:
             return Maintain()
         if free > 0 and now >= self._next_poll:
             return Claim(min(free, self.settings.claim_batch))
-        if self.burst and running == 0 and self._last_claim_empty:
+        if self.burst and running == 0 and self._last_claim_empty and not self._keys:
             return Stop()
         deadline = self._next_reclaim
         if free > 0:
@@ -298,37 +303,98 @@ class WorkerCore:
         """The statements an action runs, and what happens with their rows."""
         if isinstance(action, Maintain):
             steps = self.maintenance()
+            keys, key_steps = self._key_steps()
 
             def maintained(results: list[Sequence[Any]]) -> list[_Running]:
-                for step, rows in zip(steps, results, strict=True):
+                for step, rows in zip(steps, results[: len(steps)], strict=True):
                     step.done(rows)
+                self._keys_cleared(results[len(steps) :], now)
                 return []
 
-            return Work([(s.statement, s.params) for s in steps], False, maintained, _nothing)
+            return self._unit(
+                [*((s.statement, s.params) for s in steps), *key_steps],
+                maintained,
+                lambda: self._restore_keys(keys),
+            )
         size = action.claim if isinstance(action, Flush) else action.size
         claim_step = [(self.claim_statement, self.claim_params(size))] if size else []
         if isinstance(action, Claim):
+            keys, key_steps = self._key_steps()
 
             def claimed(results: list[Sequence[Any]]) -> list[_Running]:
-                return self.accept_claim(results[0], size, now, make_context)
+                jobs = self.accept_claim(results[-1], size, now, make_context)
+                self._keys_cleared(results[: len(key_steps)], now)
+                return jobs
 
-            return Work(claim_step, False, claimed, _nothing)
+            return self._unit([*key_steps, *claim_step], claimed, lambda: self._restore_keys(keys))
         outcomes, params = self.take_outcomes()
+        keys, key_steps = self._key_steps()  # after the outcomes: theirs are among them
 
         def flushed(results: list[Sequence[Any]]) -> list[_Running]:
             self.completed(outcomes, [row[0] for row in results[0]])
-            if not size:
-                return []
-            return self.accept_claim(results[1], size, now, make_context)
+            jobs = self.accept_claim(results[-1], size, now, make_context) if size else []
+            # After the claim, which sets the next poll: a parked key may bring it closer.
+            self._keys_cleared(results[1 : 1 + len(key_steps)], now)
+            return jobs
 
-        return Work(
-            [(self.complete_statement, params), *claim_step],
-            # Ack and claim share one transaction: one commit, and the claim sees what the
-            # ack freed.
-            bool(size),
+        def flush_failed() -> None:
+            self.flush_failed(outcomes)
+            self._restore_keys(keys)
+
+        # Ack, keys and claim share one transaction: one commit, and the claim sees what
+        # the ack freed and the promotion made pending.
+        return self._unit(
+            [(self.complete_statement, params), *key_steps, *claim_step],
             flushed,
-            lambda: self.flush_failed(outcomes),
+            flush_failed,
         )
+
+    def _key_steps(self) -> tuple[list[str], list[tuple[Any, dict[str, Any]]]]:
+        """The keys owed a promotion, and the two statements that give it.
+
+        First the ``done`` executions of those keys are deleted where nobody holds them,
+        then, as a statement of its own (it must see the waiting jobs that enqueues
+        committed meanwhile), each key's next job is made pending where its turn has come.
+        """
+        with self._lock:
+            keys, self._keys = sorted(self._keys), set()
+        if not keys:
+            return keys, []
+        params = {"keys": keys}
+        return keys, [(self._clear_done_statement, params), (self.promote_statement, params)]
+
+    def _keys_cleared(self, results: Sequence[Sequence[Any]], now: float) -> None:
+        """Keys whose ``done`` row an enqueue in flight still holds are tried again soon."""
+        if not results:
+            return
+        parked = {row[0] for row in results[0]}
+        if parked:
+            self._restore_keys(parked)
+            self._next_poll = min(self._next_poll, now + PARKED_RETRY)
+
+    def _unit(
+        self,
+        steps: list[tuple[Any, dict[str, Any]]],
+        done: Callable[[list[Sequence[Any]]], list[_Running]],
+        failed: Callable[[], None],
+    ) -> Work:
+        """One transaction: the planner guard, then ``steps``; ``done`` sees their rows only."""
+        return Work(
+            [(self.guard, {}), *steps],
+            True,
+            lambda results: done(results[1:]),
+            failed,
+        )
+
+    def _restore_keys(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            self._keys.update(keys)
+
+    def _buffer(self, outcome: Outcome, job: ClaimedJob) -> None:
+        """Queue ``outcome`` for the next ack (the caller holds the lock)."""
+        self._outcomes.append(outcome)
+        if job.queue_id is not None:
+            self._keys.add(job.queue_id)
 
     # -- claims ------------------------------------------------------------------------------
 
@@ -337,10 +403,7 @@ class WorkerCore:
 
     @property
     def claim_statement(self) -> Any:
-        """The claim to run now: slot-aware only while one of this worker's tasks is limited.
-
-        A worker without limited tasks runs the plain claim, the version-1 statement.
-        """
+        """The claim to run now: slot-aware only while one of this worker's tasks is limited."""
         return self._claim_limited if self.limited else self._claim_plain
 
     def claim_params(self, size: int) -> dict[str, Any]:
@@ -367,7 +430,8 @@ class WorkerCore:
                 id=row.id,
                 task=row.task,
                 attempt=row.attempt,
-                max_attempts=row.max_attempts,
+                # None only for an orphan (see _refuse), which fails at this attempt.
+                max_attempts=row.attempt if row.max_attempts is None else row.max_attempts,
                 reclaims=row.reclaims,
                 queue_id=row.queue_id,
                 payload=row.payload,
@@ -375,7 +439,7 @@ class WorkerCore:
             refusal = self._refuse(job)
             if refusal is not None:
                 with self._lock:
-                    self._outcomes.append(refusal)
+                    self._buffer(refusal, job)
                 continue
             running = _Running(job, make_context(job))
             with self._lock:
@@ -399,6 +463,10 @@ class WorkerCore:
         self._next_poll = now
 
     def _refuse(self, job: ClaimedJob) -> Outcome | None:
+        if job.payload is None:
+            # The jobs table has no row for it (deleted by hand: there is no foreign key).
+            log.error("execution %s (%s) has no job row; removing it", job.id, job.task)
+            return self._failure(job, LookupError(f"job {job.id} has no row in the jobs table"))
         task = self.tasks.get(job.task)
         if task is None:  # the claim filters by task; this guards a hand-edited row
             return self._failure(job, UnknownTaskError(f"no handler for task {job.task!r}"))
@@ -478,7 +546,7 @@ class WorkerCore:
                 # Released at shutdown (or replaced): the database already has it back.
                 return
             del self._running[running.job.id]
-            self._outcomes.append(outcome)
+            self._buffer(outcome, running.job)
         if running.job.queue_id is not None or self._is_limited(running.job.task):
             # The flush that comes first frees this key or this seat: the next job of the
             # key, or of the limited task, may be claimable right after it.
@@ -489,8 +557,9 @@ class WorkerCore:
         for running in self._running.values():
             if not running.released:
                 running.released = True
-                self._outcomes.append(
-                    Outcome(running.job.id, running.job.attempt, OutcomeKind.RELEASE)
+                self._buffer(
+                    Outcome(running.job.id, running.job.attempt, OutcomeKind.RELEASE),
+                    running.job,
                 )
                 log.warning(
                     "job %s (%s) did not finish within shutdown_timeout; returned to the queue",
@@ -586,7 +655,28 @@ class WorkerCore:
             # Never reclaim what runs here, even if its heartbeat is late.
             Step(self.reclaim_statement, {"held": ids}, self.reclaimed),
             Step(self._limits_statement, {"tasks": sorted(self.tasks)}, self.limits_read),
+            Step(self._cleanup_statement, {"limit": CLEANUP_BATCH}, self.cleaned_up),
+            Step(
+                self._orphan_sweep_statement,
+                {"after": self._sweep_after, "limit": SWEEP_KEYS},
+                self.swept,
+            ),
         ]
+
+    def cleaned_up(self, rows: Sequence[Any]) -> None:
+        """Parked executions were deleted: their keys get a promotion in the next unit."""
+        keys = {row[0] for row in rows if row[0] is not None}
+        if keys:
+            self._restore_keys(keys)
+            self._next_poll = 0.0
+
+    def swept(self, rows: Sequence[Any]) -> None:
+        """A slice of the waiting keys was visited: resume after it, or from the start."""
+        for row in rows:
+            self._sweep_after = row.last_key or ""
+            if row.promoted:
+                log.info("promoted %d waiting job(s) whose key had nothing ahead", row.promoted)
+                self._next_poll = 0.0
 
     def limits_read(self, rows: Sequence[Any]) -> None:
         """Stored limits were read: claim with slots while any of our tasks has a limit."""

@@ -29,11 +29,13 @@ class WorkerSettings:
         ack_delay: longest time, in seconds, a finished job's acknowledgement waits for others
             to share its statement while more handlers are still running (0: ack at once).
         verify_schema: check the database schema before the first claim.
-        generic_plans: run the worker's own connection with ``plan_cache_mode =
-            force_generic_plan`` and ``jit = off``, so its statements, prepared by the
-            driver after a few runs, are planned once instead of at every claim (about a
-            third of a claim's server time). Turn it off behind a pooler in transaction
-            mode, where session settings do not stick to a connection.
+        generic_plans: run the worker's transactions with ``plan_cache_mode =
+            force_generic_plan`` (``SET LOCAL``, so it holds behind a pooler in
+            transaction mode too), so its statements, prepared by the driver after a few
+            runs, are planned once instead of at every claim (about a third of a claim's
+            server time). Whatever this setting, each worker transaction also turns off
+            sequential scans, bitmap scans, sorts and JIT (see
+            :mod:`sqla_queue.statements.planner`).
         raw_statements: with psycopg, run the worker's own statements on the driver
             connection, each compiled once, instead of through ``Connection.execute``
             (about half the worker's CPU per job). The acknowledgement of a batch and the

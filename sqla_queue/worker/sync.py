@@ -106,13 +106,11 @@ class Worker(WorkerBase):
                     continue
                 try:
                     if connection is None:
-                        # Each statement is its own transaction: no BEGIN/COMMIT
-                        # round trips around the one-statement claim and ack.
+                        # Autocommit: each unit sends its own BEGIN and COMMIT, in the
+                        # same round trip as its statements where libpq pipelines.
                         connection = self.engine.connect().execution_options(
                             isolation_level="AUTOCOMMIT"
                         )
-                        for setting in core.session_setup:
-                            connection.exec_driver_sql(setting)
                     self._perform(connection, core, action, now, pool, private_loop, make_context)
                 except DBAPIError as exc:
                     _discard(connection)

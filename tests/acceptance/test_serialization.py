@@ -70,7 +70,10 @@ def test_each_queue_id_runs_serially_in_order(
                 ExecutionLog.pid,
             ).order_by(ExecutionLog.started_at, ExecutionLog.id)
         ).all()
-        assert session.scalar(select(func.count()).select_from(queue.JobExecution)) == 0
+        left = session.execute(
+            select(queue.JobExecution.state, func.count()).group_by(queue.JobExecution.state)
+        ).all()
+        assert left == [], "executions left behind, by state"
     assert len(log) == len(ids)
     assert len({row.pid for row in log}) > 1
     by_key: dict[str, list[tuple[int, dt.datetime, dt.datetime]]] = defaultdict(list)

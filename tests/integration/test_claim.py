@@ -18,6 +18,7 @@ from tests.support.plans import captured_statements, dumps, generic_plan, scans
 pytestmark = pytest.mark.integration
 
 CLAIM = statements.claim_statement(queue.tables)
+PROMOTE = statements.promote_statement(queue.tables)
 
 
 def claim_params(tasks: list[str], batch: int, worker: uuid.UUID | None = None) -> dict[str, Any]:
@@ -135,11 +136,16 @@ def test_queue_id_runs_only_its_head_in_order(engine: Engine) -> None:
         a.commit()
         assert claim(b, ["keyed"], 10) == []  # the head is running now
         b.commit()
-    # Finishing the head makes the next one the head.
+    # Behind the head, the key's later jobs wait outside the claim's indexes.
+    ex = queue.tables.executions
+    with engine.connect() as connection:
+        states = dict(connection.execute(select(ex.c.id, ex.c.state)).all())
+    assert [states[i] for i in ids] == ["running", "waiting", "waiting", "running"]
+    # Finishing the head and promoting its key makes the next one the head.
     with engine.begin() as connection:
-        connection.execute(
-            queue.tables.executions.delete().where(queue.tables.executions.c.id == ids[0])
-        )
+        connection.execute(ex.delete().where(ex.c.id == ids[0]))
+        promoted = connection.execute(PROMOTE, {"keys": ["acct"]}).scalars().all()
+        assert promoted == [ids[1]]
         assert [r.id for r in claim(connection, ["keyed"], 10)] == [ids[1]]
 
 
@@ -187,5 +193,9 @@ def test_claim_plan_uses_the_partial_index(engine: Engine, owner_engine: Engine)
         generic = generic_plan(connection, sql, params)
     for plan in (custom[0], generic):
         assert [s for s in scans(plan) if s[0] == "Seq Scan"] == [], dumps(plan)
-        claim_ix = "sqla_queue_job_executions_claim_ix"
-        assert ("Index Scan", queue.tables.executions.name, claim_ix) in scans(plan)
+        walk = (
+            "Index Scan",
+            queue.tables.executions.name,
+            "sqla_queue_job_executions_task_claim_ix",
+        )
+        assert walk in scans(plan), dumps(plan)

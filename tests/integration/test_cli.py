@@ -57,10 +57,10 @@ def test_verify_names_what_is_missing(
     db_url: str, owner_engine: Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with owner_engine.begin() as connection:
-        connection.execute(text("DROP INDEX app_jobs.sqla_queue_job_executions_due_ix"))
+        connection.execute(text("DROP INDEX app_jobs.sqla_queue_job_executions_waiting_ix"))
     assert main(["verify", TARGET, "--url", db_url]) == 2
     err = capsys.readouterr().err
-    assert "sqla_queue_job_executions_due_ix" in err
+    assert "sqla_queue_job_executions_waiting_ix" in err
     assert "alembic upgrade head" in err
 
 

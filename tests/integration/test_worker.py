@@ -162,12 +162,12 @@ def test_worker_refuses_to_start_without_a_required_index(
     owner_engine: Engine, SessionLocal: sessionmaker[Session]
 ) -> None:
     with owner_engine.begin() as connection:
-        connection.execute(text("DROP INDEX app_jobs.sqla_queue_job_executions_claim_ix"))
+        connection.execute(text("DROP INDEX app_jobs.sqla_queue_job_executions_task_claim_ix"))
         noop.enqueue(connection)
     with pytest.raises(SchemaMismatchError) as info:
         queue.worker(SessionLocal).run(burst=True)
     message = str(info.value)
-    assert "app_jobs.sqla_queue_job_executions_claim_ix" in message
+    assert "app_jobs.sqla_queue_job_executions_task_claim_ix" in message
     assert "alembic upgrade head" in message
     assert f"schema version {SCHEMA_VERSION}" in message
     with SessionLocal() as session:
@@ -232,3 +232,22 @@ async def test_async_worker_starts_when_the_server_closed_its_pooled_connection(
     stats = await queue.async_worker(AsyncSessionLocal).run(burst=True)
 
     assert stats.succeeded == 1
+
+
+@pytest.mark.parametrize("raw_statements", [True, False], ids=["raw", "sqlalchemy"])
+def test_an_execution_whose_job_row_was_deleted_is_removed_and_the_rest_runs(
+    SessionLocal: sessionmaker[Session], raw_statements: bool
+) -> None:
+    # Schema version 3 has no foreign key between the tables: a job deleted by hand leaves
+    # its execution behind, which must neither run nor be held until reclaimed.
+    with SessionLocal.begin() as session:
+        orphan = noop.enqueue(session)
+        good = [record.enqueue(session, value=str(i)) for i in range(3)]
+        session.execute(text(f"DELETE FROM {queue.tables.jobs.fullname} WHERE id = {orphan}"))
+
+    stats = queue.worker(SessionLocal, concurrency=2, raw_statements=raw_statements).run(burst=True)
+
+    assert (stats.claimed, stats.succeeded) == (4, 3)
+    with SessionLocal() as session:
+        assert session.scalar(select(func.count()).select_from(queue.JobExecution)) == 0
+        assert sorted(session.scalars(select(Result.job_id))) == good

@@ -91,7 +91,8 @@ def generic_plan(
         f"{psycopg.sql.Literal(value).as_string(driver)}::{type_}"
         for value, type_ in zip(values, types, strict=True)
     ).replace("%", "%%")
-    explain = f"EXPLAIN (FORMAT JSON) EXECUTE sqla_queue_plan_probe({arguments})"
+    call = f"({arguments})" if arguments else ""
+    explain = f"EXPLAIN (FORMAT JSON) EXECUTE sqla_queue_plan_probe{call}"
     plan: dict[str, Any] = connection.exec_driver_sql(explain).scalar_one()[0]
     connection.exec_driver_sql("DEALLOCATE sqla_queue_plan_probe")
     return plan

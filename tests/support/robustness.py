@@ -1,0 +1,191 @@
+"""Backlogs in the statistics states users are in, and the plan checks of issue 11.
+
+A production queue is analyzed by autovacuum while nearly empty; then a burst arrives,
+keys are hot, other services' tasks share the table, and rows are scheduled for later.
+:func:`grow` adds such a backlog with set-based SQL (no statistics are touched), and
+:func:`violations` reads an ``EXPLAIN (ANALYZE, FORMAT JSON)`` plan and names every node
+whose work grows with the backlog.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from sqla_queue.models.tables import QueueTables
+
+__all__ = ["MIX", "ROW_BOUND", "explain_analyze", "grow", "seed_fixtures", "violations"]
+
+#: How a backlog of N rows is split, as (share, task, queue_id, state, priority, due):
+#: another service's task ahead, one hot key of the worker's task holding a large share
+#: (its head pending, the rest waiting, as the enqueue writes them), rows scheduled for
+#: tomorrow at a higher priority than the due ones, the due rows themselves, and a limited
+#: task's rows.
+MIX = (
+    (0.40, "other", None, "pending", 0, True),
+    (0.30, "noop", "hot", "waiting", 0, True),
+    (0.15, "noop", None, "pending", 5, False),
+    (0.10, "noop", None, "pending", 0, True),
+    (0.05, "limited3", None, "pending", 0, True),
+)
+
+#: The most rows any node of a hot statement may produce or filter out, per run, with a
+#: batch of 10. Every shape of the backlog holds more than this from 10,000 rows on, so a
+#: walk over any of them fails the check.
+ROW_BOUND = 400
+
+_SCANS_REFUSED = {"Seq Scan", "Bitmap Heap Scan", "Bitmap Index Scan"}
+
+
+def _fill(
+    connection: Connection,
+    tables: QueueTables,
+    count: int,
+    *,
+    task: str,
+    queue_id: str | None,
+    state: str,
+    priority: int,
+    due: bool,
+) -> None:
+    jobs = tables.jobs.fullname
+    ex = tables.executions.fullname
+    at = "now() - interval '1 second'" if due else "now() + interval '1 day'"
+    key = "NULL" if queue_id is None else f"'{queue_id}'"
+    connection.execute(
+        text(
+            f"WITH j AS (INSERT INTO {jobs} (task, payload, priority, queue_id, max_attempts,"
+            f" scheduled_at) SELECT '{task}', '{{\"args\": [], \"kwargs\": {{}}}}', {priority},"
+            f" {key}, 3, {at} FROM generate_series(1, {count}) RETURNING id, scheduled_at)"
+            f" INSERT INTO {ex} (id, task, priority, queue_id, state, execute_at)"
+            f" SELECT id, '{task}', {priority}, {key}, '{state}', scheduled_at FROM j"
+        )
+    )
+
+
+def seed_fixtures(connection: Connection, tables: QueueTables) -> None:
+    """The small, fixed part of every state: a hot key's head, keys, running, done rows."""
+    _fill(connection, tables, 1, task="noop", queue_id="hot", state="pending", priority=0, due=True)
+    for i in range(200):
+        # Many small keys: a head each and two jobs waiting behind it.
+        _fill(
+            connection,
+            tables,
+            1,
+            task="noop",
+            queue_id=f"k{i}",
+            state="pending",
+            priority=0,
+            due=True,
+        )
+        _fill(
+            connection,
+            tables,
+            2,
+            task="noop",
+            queue_id=f"k{i}",
+            state="waiting",
+            priority=0,
+            due=True,
+        )
+    for i in range(5):
+        _fill(
+            connection, tables, 1, task="noop", queue_id=f"d{i}", state="done", priority=0, due=True
+        )
+    ex = tables.executions.fullname
+    # Executions of a dead worker, for the reclaim sweep, and of a live one.
+    connection.execute(
+        text(
+            f"UPDATE {ex} SET state = 'running', worker_id = gen_random_uuid(), attempt = 1,"
+            f" alive_at = now() - interval '1 hour', lease_seconds = 30"
+            f" WHERE id IN (SELECT id FROM {ex} WHERE queue_id IS NULL AND state = 'pending'"
+            f" ORDER BY id LIMIT 50)"
+        )
+    )
+
+
+def grow(connection: Connection, tables: QueueTables, count: int) -> None:
+    """Add ``count`` rows in the proportions of :data:`MIX`."""
+    for share, task, queue_id, state, priority, due in MIX:
+        _fill(
+            connection,
+            tables,
+            int(count * share),
+            task=task,
+            queue_id=queue_id,
+            state=state,
+            priority=priority,
+            due=due,
+        )
+
+
+def explain_analyze(
+    connection: Connection, sql: str, args: list[Any], *, generic: bool
+) -> dict[str, Any]:
+    """Run ``sql`` (``$n`` form) as a prepared statement and return its analyzed plan.
+
+    With ``generic``, the plan is the generic plan a worker's connection caches; without,
+    a plan made for these values. The caller runs the planner guard first and rolls back.
+    """
+    import psycopg.sql
+
+    mode = "force_generic_plan" if generic else "force_custom_plan"
+    connection.exec_driver_sql(f"SET LOCAL plan_cache_mode = {mode}")
+    connection.exec_driver_sql("PREPARE sqla_queue_robustness AS " + sql.replace("%", "%%"))
+    try:
+        types = connection.exec_driver_sql(
+            "SELECT parameter_types::text[] FROM pg_prepared_statements"
+            " WHERE name = 'sqla_queue_robustness'"
+        ).scalar_one()
+        driver = connection.connection.driver_connection
+        values = ", ".join(
+            f"{psycopg.sql.Literal(value).as_string(driver)}::{type_}"
+            for value, type_ in zip(args, types, strict=True)
+        ).replace("%", "%%")
+        call = f"({values})" if values else ""
+        plan: dict[str, Any] = connection.exec_driver_sql(
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE sqla_queue_robustness{call}"
+        ).scalar_one()[0]
+    finally:
+        connection.exec_driver_sql("DEALLOCATE sqla_queue_robustness")
+    return plan
+
+
+def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", ()):
+        yield from _nodes(child)
+
+
+def violations(plan: dict[str, Any], executions: str, bound: int = ROW_BOUND) -> list[str]:
+    """Every node of ``plan`` whose work grows with the backlog, described.
+
+    Refused: a sequential or bitmap scan of the executions table; any node of that table
+    that returns or filters out more than ``bound`` rows in all its loops; a sort of more
+    than ``bound`` rows.
+    """
+    found: list[str] = []
+    for node in _nodes(plan["Plan"]):
+        kind = node["Node Type"]
+        loops = node.get("Actual Loops", 1)
+        rows = node.get("Actual Rows", 0) * loops
+        removed = (
+            node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Index Recheck", 0)
+        ) * loops
+        where = (
+            f"{kind} on {node.get('Relation Name')} ({node.get('Index Name')}, {node.get('Alias')})"
+        )
+        on_executions = node.get("Relation Name") == executions
+        if on_executions and kind in _SCANS_REFUSED:
+            found.append(f"{where}: a scan that reads the backlog")
+        if on_executions and (rows > bound or removed > bound):
+            found.append(f"{where}: {rows} rows returned, {removed} filtered out")
+        if kind == "Sort":
+            sorted_rows = sum(
+                c.get("Actual Rows", 0) * c.get("Actual Loops", 1) for c in node.get("Plans", ())
+            )
+            if sorted_rows > bound:
+                found.append(f"Sort of {sorted_rows} rows ({node.get('Sort Key')})")
+    return found

@@ -1,0 +1,10 @@
+UPDATE app.q_job_executions SET state='pending' WHERE app.q_job_executions.id IN (SELECT first_waiting.id 
+FROM unnest(%(keys)s::TEXT[]) AS keys(queue_id) JOIN LATERAL (SELECT w.id AS id, w.execute_at AS execute_at, w.queue_id AS queue_id 
+FROM app.q_job_executions AS w 
+WHERE w.queue_id = keys.queue_id AND w.state = 'waiting' ORDER BY w.execute_at, w.id 
+ LIMIT 1) AS first_waiting ON true 
+WHERE NOT (EXISTS (SELECT * 
+FROM app.q_job_executions AS a 
+WHERE a.queue_id = first_waiting.queue_id AND (a.state = 'pending' OR a.state = 'running') AND (a.execute_at, a.id) < (first_waiting.execute_at, first_waiting.id))) AND NOT (EXISTS (SELECT * 
+FROM app.q_job_executions AS d 
+WHERE d.queue_id = first_waiting.queue_id AND d.state = 'done'))) AND app.q_job_executions.state = 'waiting' RETURNING app.q_job_executions.id
