@@ -145,6 +145,12 @@ def v1_history_project(tmp_path: Path, empty_db_url: str) -> HostProject:
 
 
 @pytest.fixture
+def v2_history_project(tmp_path: Path, empty_db_url: str) -> HostProject:
+    """The host's history as it was while schema version 2 was the newest (up to 0003)."""
+    return write_project(tmp_path / "project", empty_db_url, with_history=True, until="0003")
+
+
+@pytest.fixture
 def new_db(db_factory: DatabaseFactory) -> Iterator[Callable[[], str]]:
     """Make extra empty databases within one test; all are dropped afterwards."""
     made: list[str] = []

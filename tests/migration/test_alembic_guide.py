@@ -3,10 +3,10 @@
 The "existing project" the guide starts from is built here: ``alembic init``, a models
 module without a queue, and a first revision for the host's own table. Then the guide's
 blocks are applied as the guide says: its models file, its ``env.py`` line, its shell
-commands. The migration autogenerate writes must be the one the guide shows. Then the
-section on newer schemas: with the queue created at version 1, the guide's autogenerate
-command must write the ``op.upgrade_queue`` step the guide shows, and ``alembic check``
-must pass after it.
+commands. The migration autogenerate writes must be the one the guide shows, at the latest
+schema version. Then the section on newer schemas: with the queue created at the previous
+version, the guide's autogenerate command must write the ``op.upgrade_queue`` step the guide
+shows, and ``alembic check`` must pass after it.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import inspect
 
+from alembic_ext.versions import LATEST_VERSION
 from tests.docs.markdown import Block, parse_page
 from tests.migration.catalog import queue_objects
 from tests.migration.conftest import REPO_ROOT, child_env, engine_for, run_cli
@@ -121,6 +122,7 @@ def test_the_guide_works_as_written(tmp_path: Path, empty_db_url: str) -> None:
 
     shown = _one(page.marked("skip"), "def upgrade()")
     assert _code(migration.read_text()) == _code(shown.source)
+    assert f"version={LATEST_VERSION})" in shown.source
     shown_check = next(b for b in page.blocks if b.language == "text" and "No new" in b.source)
     assert shown_check.source.strip() in output
     assert "schema OK" in output
@@ -138,23 +140,27 @@ def test_the_guide_works_as_written(tmp_path: Path, empty_db_url: str) -> None:
         assert "customers" in inspect(connection).get_table_names()
 
     # "When a new release needs a newer schema": the same project, had it added the queue
-    # while version 1 was the newest, gets the step shown in the guide from autogenerate.
-    written_at_v2 = migration.read_text()
-    assert written_at_v2.count("version=2)") == 2
-    migration.write_text(written_at_v2.replace("version=2)", "version=1)"))
+    # while the previous version was the newest, gets the step shown in the guide from
+    # autogenerate.
+    latest, previous = LATEST_VERSION, LATEST_VERSION - 1
+    written_at_latest = migration.read_text()
+    assert written_at_latest.count(f"version={latest})") == 2
+    migration.write_text(written_at_latest.replace(f"version={latest})", f"version={previous})"))
     _shell("alembic upgrade head", project, empty_db_url)
     before_step = set((project / "migrations" / "versions").glob("*.py"))
     new_release = _one(page.marked("skip"), 'alembic revision --autogenerate -m "upgrade')
     _shell(new_release.source, project, empty_db_url)
     [step] = set((project / "migrations" / "versions").glob("*.py")) - before_step
-    step_block = _one(page.marked("skip"), "op.upgrade_queue(from_version=1, to_version=2, schema=")
+    up = f"from_version={previous}, to_version={latest}"
+    down = f"from_version={latest}, to_version={previous}"
+    step_block = _one(page.marked("skip"), f"op.upgrade_queue({up}, schema=")
     shown_step = step_block.source.strip()
     assert _code(step.read_text()) == [
         "import alembic_ext  # noqa: F401",
         "def upgrade() -> None:",
         f"    {shown_step}",
         "def downgrade() -> None:",
-        f"    {shown_step.replace('from_version=1, to_version=2', 'from_version=2, to_version=1')}",
+        f"    {shown_step.replace(up, down)}",
     ]
     output = _shell("alembic upgrade head && alembic check", project, empty_db_url)
     assert shown_check.source.strip() in output

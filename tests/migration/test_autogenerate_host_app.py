@@ -12,6 +12,7 @@ import pytest
 from alembic import command
 from sqlalchemy import inspect, text
 
+from alembic_ext.versions import LATEST_VERSION
 from tests.migration.catalog import Snapshot, differences, queue_objects
 from tests.migration.conftest import HostProject, engine_for, schema_snapshot
 from tests.migration.hostapp.models import queue
@@ -47,7 +48,9 @@ def test_autogenerate_renders_the_queue_op_and_upgrade_builds_the_create_all_sch
     upgrade = _statements(_section(source, "upgrade"))
     downgrade = _statements(_section(source, "downgrade"))
     assert "import alembic_ext  # noqa: F401" in source
-    assert upgrade[0] == "op.create_queue(schema='work', prefix='sqla_queue_', version=2)"
+    assert upgrade[0] == (
+        f"op.create_queue(schema='work', prefix='sqla_queue_', version={LATEST_VERSION})"
+    )
     assert sum("create_queue(" in line for line in upgrade) == 1
     assert any(line.startswith("op.create_table('customers'") for line in upgrade)
     assert any(line.startswith("op.create_table('invoices'") for line in upgrade)
@@ -59,7 +62,9 @@ def test_autogenerate_renders_the_queue_op_and_upgrade_builds_the_create_all_sch
     ]
     assert queue_table_ops == []
     assert "legacy_reports" not in source
-    assert downgrade[-1] == "op.drop_queue(schema='work', prefix='sqla_queue_', version=2)"
+    assert downgrade[-1] == (
+        f"op.drop_queue(schema='work', prefix='sqla_queue_', version={LATEST_VERSION})"
+    )
 
     command.upgrade(config, "head")
 

@@ -78,7 +78,7 @@ def test_alembic_never_sees_the_queue_tables(
     metadata, _ = host_metadata(("work", "sqla_queue_"))
     with caplog.at_level(logging.INFO, logger="alembic"), engine.connect() as connection:
         ops = autogenerate(connection, metadata, include_schemas=True)
-    assert ops[0] == CreateQueueOp("work", "sqla_queue_", version=2)
+    assert ops[0] == CreateQueueOp("work", "sqla_queue_", version=versions.LATEST_VERSION)
     alembic_said = [r.getMessage() for r in caplog.records if r.name.startswith("alembic.")]
     assert any("'accounts'" in line for line in alembic_said)
     assert not any("sqla_queue_" in line for line in alembic_said)
@@ -94,7 +94,7 @@ def test_proposals_that_get_past_the_hiding_hook_are_still_replaced(
         ops = autogenerate(connection, metadata, include_schemas=True)
     assert any("sqla_queue_jobs" in r.getMessage() for r in caplog.records)  # Alembic saw it
     assert any("sqla_queue_task_limits" in r.getMessage() for r in caplog.records)
-    assert ops[0] == CreateQueueOp("work", "sqla_queue_", version=2)
+    assert ops[0] == CreateQueueOp("work", "sqla_queue_", version=versions.LATEST_VERSION)
     assert table_names(ops) == {"accounts"}
 
 
@@ -140,8 +140,8 @@ def test_two_queues_in_one_metadata_and_a_list_of_metadata(engine: Engine) -> No
     assert script.upgrade_ops is not None
     ops = script.upgrade_ops.ops
     assert ops[:2] == [
-        CreateQueueOp("work", "a_", version=2),
-        CreateQueueOp("work", "b_", version=2),
+        CreateQueueOp("work", "a_", version=versions.LATEST_VERSION),
+        CreateQueueOp("work", "b_", version=versions.LATEST_VERSION),
     ]
     assert table_names(ops) == {"accounts", "ledger"}
 
@@ -229,32 +229,50 @@ def _rows(connection: Connection, tables: QueueTables) -> list[tuple[Any, ...]]:
     return [tuple(row) for row in connection.execute(query)]
 
 
-def test_a_version_1_database_gets_upgrade_queue_to_2_and_keeps_its_rows(engine: Engine) -> None:
+# What each version adds to the executions table that a worker checks for at start.
+_ADDED_BY_VERSION = {
+    2: {
+        ("column", "slot"),
+        ("index", "sqla_queue_job_executions_slot_uq"),
+        ("index", "sqla_queue_job_executions_task_claim_ix"),
+        ("index", "sqla_queue_job_executions_seated_ix"),
+    },
+    3: {
+        ("index", "sqla_queue_job_executions_queue_active_ix"),
+        ("index", "sqla_queue_job_executions_waiting_ix"),
+        ("index", "sqla_queue_job_executions_done_ix"),
+    },
+}
+
+
+@pytest.mark.parametrize("old_version", [1, 2])
+def test_an_older_database_gets_one_upgrade_queue_to_the_latest_and_keeps_its_rows(
+    engine: Engine, old_version: int
+) -> None:
+    latest = versions.LATEST_VERSION
     metadata, [tables] = host_metadata(("work", "sqla_queue_"))
     with engine.begin() as connection:
-        apply(connection, CreateQueueOp("work", "sqla_queue_", version=1))
+        apply(connection, CreateQueueOp("work", "sqla_queue_", version=old_version))
         _seed(connection, tables)
         before = _rows(connection, tables)
 
     with engine.connect() as connection:
         ops = autogenerate(connection, metadata, include_schemas=True)
-    assert ops[0] == UpgradeQueueOp(1, 2, "work", "sqla_queue_")
+    assert ops[0] == UpgradeQueueOp(old_version, latest, "work", "sqla_queue_")
     assert not any(isinstance(op, CreateQueueOp) for op in ops)
     assert table_names(ops) == {"accounts"}
 
     with engine.begin() as connection:
         missing, version = find_missing(connection, tables)
-        assert version == 1
-        assert ("table", "sqla_queue_task_limits") in {(m.kind, m.table) for m in missing}
-        assert {(m.kind, m.name) for m in missing if m.table != "sqla_queue_task_limits"} == {
-            ("column", "slot"),
-            ("index", "sqla_queue_job_executions_slot_uq"),
-            ("index", "sqla_queue_job_executions_task_claim_ix"),
-            ("index", "sqla_queue_job_executions_seated_ix"),
-        }
+        assert version == old_version
+        tables_missing = {(m.kind, m.table) for m in missing}
+        # The task_limits table came with version 2.
+        assert (("table", "sqla_queue_task_limits") in tables_missing) == (old_version < 2)
+        added = set().union(*(_ADDED_BY_VERSION[v] for v in range(old_version + 1, latest + 1)))
+        assert {(m.kind, m.name) for m in missing if m.table != "sqla_queue_task_limits"} == added
         apply(connection, ops[0])
         assert _rows(connection, tables) == before
-        assert find_missing(connection, tables) == ([], 2)
+        assert find_missing(connection, tables) == ([], latest)
         slots = connection.execute(text("SELECT count(slot) FROM work.sqla_queue_job_executions"))
         assert slots.scalar_one() == 0
     with engine.connect() as connection:
@@ -265,7 +283,7 @@ def test_a_version_1_database_gets_upgrade_queue_to_2_and_keeps_its_rows(engine:
     with engine.begin() as connection:
         apply(connection, ops[0].reverse())
         assert _rows(connection, tables) == before
-        assert find_missing(connection, tables)[1] == 1
+        assert find_missing(connection, tables)[1] == old_version
 
 
 def test_unrecognised_or_newer_versions_are_left_alone_with_a_warning(engine: Engine) -> None:

@@ -2,7 +2,8 @@
 
 Fed to psql on an empty database, the script builds the same schema as an online
 ``alembic upgrade head``, and the same queue as ``queue.create_all``: for a project that
-creates version 2 at once, and for one whose history creates version 1 and then steps to 2.
+creates the latest version (3) at once, and for one whose history creates version 1 and then
+steps to 2 and to 3.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 import pytest
 from alembic import command
 
+from alembic_ext.versions import LATEST_VERSION
 from tests.migration.catalog import Snapshot, differences
 from tests.migration.conftest import HostProject, libpq_url, run_cli, schema_snapshot
 from tests.migration.hostapp.models import QUEUE_SCHEMA
@@ -49,7 +51,7 @@ def _assert_same_schemas(project: HostProject, by_psql: str, create_all_snapshot
     assert differences(schema_snapshot(by_psql), create_all_snapshot) == []
 
 
-def test_offline_script_of_the_history_steps_from_version_1_to_2(
+def test_offline_script_of_the_history_steps_from_version_1_to_2_to_3(
     history_project: HostProject, new_db: Callable[[], str], create_all_snapshot: Snapshot
 ) -> None:
     script, by_psql = _run_offline_script(history_project, new_db)
@@ -58,22 +60,36 @@ def test_offline_script_of_the_history_steps_from_version_1_to_2(
     created_v1 = "COMMENT ON TABLE work.sqla_queue_job_executions IS 'sqla_queue schema version 1';"
     stepped = "ALTER TABLE work.sqla_queue_job_executions ADD COLUMN slot INTEGER;"
     now_v2 = "COMMENT ON TABLE work.sqla_queue_job_executions IS 'sqla_queue schema version 2';"
-    # 0002 creates version 1 as released; 0003 then steps it to version 2.
-    assert script.index(created_v1) < script.index(stepped) < script.index(now_v2)
+    stepped_again = (
+        "ALTER TABLE work.sqla_queue_job_executions "
+        "DROP CONSTRAINT sqla_queue_job_executions_job_fk;"
+    )
+    now_v3 = "COMMENT ON TABLE work.sqla_queue_job_executions IS 'sqla_queue schema version 3';"
+    # 0002 creates version 1 as released; 0003 then steps it to version 2, and 0004 to 3.
+    assert (
+        script.index(created_v1)
+        < script.index(stepped)
+        < script.index(now_v2)
+        < script.index(stepped_again)
+        < script.index(now_v3)
+    )
+    last_comment = script.rindex("COMMENT ON TABLE work.sqla_queue_job_executions")
+    assert last_comment == script.index(now_v3)
     _assert_same_schemas(history_project, by_psql, create_all_snapshot)
 
 
-def test_offline_script_of_a_fresh_project_creates_version_2(
+def test_offline_script_of_a_fresh_project_creates_the_latest_version(
     host_project: HostProject, new_db: Callable[[], str], create_all_snapshot: Snapshot
 ) -> None:
     command.revision(host_project.config(), autogenerate=True, message="initial", rev_id="0001")
     script, by_psql = _run_offline_script(host_project, new_db)
     [revision] = host_project.revision_files()
-    assert "op.create_queue(schema='work', prefix='sqla_queue_', version=2)" in (
+    assert f"op.create_queue(schema='work', prefix='sqla_queue_', version={LATEST_VERSION})" in (
         revision.read_text()
     )
     last_comment = script.rindex("COMMENT ON TABLE work.sqla_queue_job_executions")
     assert script[last_comment:].startswith(
-        "COMMENT ON TABLE work.sqla_queue_job_executions IS 'sqla_queue schema version 2';"
+        "COMMENT ON TABLE work.sqla_queue_job_executions IS "
+        f"'sqla_queue schema version {LATEST_VERSION}';"
     )
     _assert_same_schemas(host_project, by_psql, create_all_snapshot)

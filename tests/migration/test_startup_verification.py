@@ -11,13 +11,14 @@ from sqlalchemy import Engine, event, select, text
 from sqlalchemy.orm import sessionmaker
 
 from sqla_queue import SchemaMismatchError
+from sqla_queue.models.tables import SCHEMA_VERSION
 from sqla_queue.schema.verify import inspect_schema
 from tests.migration.conftest import HostProject, engine_for, run_cli
 from tests.migration.hostapp.models import mail_invoice, queue
 
 pytestmark = pytest.mark.migration
 
-CLAIM_INDEX = "work.sqla_queue_job_executions_claim_ix"
+CLAIM_INDEX = "work.sqla_queue_job_executions_task_claim_ix"
 
 
 @pytest.fixture
@@ -43,7 +44,10 @@ def test_worker_refuses_to_start_without_one_index_and_claims_nothing(upgraded: 
     message = str(refused.value)
     assert f"index {CLAIM_INDEX}" in message
     assert "alembic upgrade head" in message
-    assert "the database has schema version 2, this library needs schema version 2" in message
+    assert (
+        f"the database has schema version {SCHEMA_VERSION}, "
+        f"this library needs schema version {SCHEMA_VERSION}"
+    ) in message
     assert refused.value.missing == [f"index {CLAIM_INDEX} (on sqla_queue_job_executions)"]
     executions = queue.tables.executions
     with upgraded.connect() as connection:
@@ -112,11 +116,33 @@ def test_a_database_without_the_queue_names_every_table_and_the_fix(
     assert len(refused.value.missing) == 3  # one line per table, not one per column
 
 
-def test_a_version_2_worker_refuses_a_version_1_database_and_names_the_step(
-    history_project: HostProject,
+_ADDED_BY_VERSION_3 = [
+    "index work.sqla_queue_job_executions_done_ix (on sqla_queue_job_executions)",
+    "index work.sqla_queue_job_executions_queue_active_ix (on sqla_queue_job_executions)",
+    "index work.sqla_queue_job_executions_waiting_ix (on sqla_queue_job_executions)",
+]
+_ADDED_BY_VERSION_2 = [
+    "column work.sqla_queue_job_executions.slot",
+    "index work.sqla_queue_job_executions_seated_ix (on sqla_queue_job_executions)",
+    "index work.sqla_queue_job_executions_slot_uq (on sqla_queue_job_executions)",
+    "index work.sqla_queue_job_executions_task_claim_ix (on sqla_queue_job_executions)",
+    "table work.sqla_queue_task_limits (with its columns, indexes and constraints)",
+]
+
+
+@pytest.mark.parametrize(
+    ("revision", "old_version", "missing"),
+    [
+        ("0002", 1, sorted(_ADDED_BY_VERSION_2 + _ADDED_BY_VERSION_3)),
+        ("0003", 2, _ADDED_BY_VERSION_3),
+    ],
+    ids=["version-1", "version-2"],
+)
+def test_a_worker_refuses_an_older_database_and_names_the_step(
+    history_project: HostProject, revision: str, old_version: int, missing: list[str]
 ) -> None:
-    """Started before the migration: it names what version 2 adds, claims nothing."""
-    command.upgrade(history_project.config(), "0002")  # the queue as version 1 created it
+    """Started before the migration: it names what the newer versions add, claims nothing."""
+    command.upgrade(history_project.config(), revision)  # the queue as that release left it
     engine = engine_for(history_project.url)
     SessionLocal = sessionmaker(engine)
     with SessionLocal.begin() as session:
@@ -126,18 +152,18 @@ def test_a_version_2_worker_refuses_a_version_1_database_and_names_the_step(
     with pytest.raises(SchemaMismatchError) as refused:
         worker.run(burst=True)
 
-    assert sorted(refused.value.missing) == [
-        "column work.sqla_queue_job_executions.slot",
-        "index work.sqla_queue_job_executions_seated_ix (on sqla_queue_job_executions)",
-        "index work.sqla_queue_job_executions_slot_uq (on sqla_queue_job_executions)",
-        "index work.sqla_queue_job_executions_task_claim_ix (on sqla_queue_job_executions)",
-        "table work.sqla_queue_task_limits (with its columns, indexes and constraints)",
-    ]
+    assert sorted(refused.value.missing) == missing
     message = str(refused.value)
-    assert "the database has schema version 1, this library needs schema version 2" in message
+    assert (
+        f"the database has schema version {old_version}, "
+        f"this library needs schema version {SCHEMA_VERSION}"
+    ) in message
     assert "run `alembic upgrade head`" in message
-    assert "op.upgrade_queue(from_version=1, to_version=2, ...)" in message
-    # create_all cannot add a column to an existing table: it must not be offered as the fix.
+    assert f"op.upgrade_queue(from_version={old_version}, to_version={SCHEMA_VERSION}, ...)" in (
+        message
+    )
+    # create_all skips tables that exist, so it cannot add their columns or indexes: it must
+    # not be offered as the fix.
     assert "create_all" not in message
     with engine.connect() as connection:
         row = connection.execute(

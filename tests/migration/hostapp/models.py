@@ -103,3 +103,22 @@ def render_report(ctx: JobContext[Session], report_id: int) -> dict[str, Any]:
     time.sleep(0.2)
     seen.append(sorted(ctx.session.scalars(running), key=str))
     return {"report_id": report_id, "slot": slot, "seen": seen}
+
+
+@queue.task(name="sync_customer", pass_context=True)
+def sync_customer(ctx: JobContext[Session], customer_id: int) -> dict[str, Any]:
+    """Pretend to sync a customer's account; a customer's jobs share one ``queue_id``.
+
+    It returns what it saw, for the tests to check that a key runs one job at a time and in
+    order: the running executions of its key when it starts and again when it ends, and the
+    database's clock when it starts.
+    """
+    executions = queue.tables.executions
+    running = select(executions.c.id).where(
+        executions.c.queue_id == ctx.queue_id, executions.c.state == "running"
+    )
+    seen = [sorted(ctx.session.scalars(running))]
+    started = ctx.session.execute(select(func.clock_timestamp())).scalar_one()
+    time.sleep(0.05)
+    seen.append(sorted(ctx.session.scalars(running)))
+    return {"customer_id": customer_id, "started": started.isoformat(), "seen": seen}
