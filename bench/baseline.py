@@ -127,10 +127,19 @@ def _call(handler: Callable[..., Any], payload: Any) -> None:
     handler(*payload.get("args", ()), **payload.get("kwargs", {}))
 
 
-def drain(dsn: str, *, flavour: str, task: str, batch: int, handler: Callable[..., Any]) -> float:
-    """Claim, run and complete batches until a claim comes back empty.
+def drain(
+    dsn: str,
+    *,
+    flavour: str,
+    task: str,
+    batch: int,
+    handler: Callable[..., Any],
+    stop: Callable[[], bool] = lambda: False,
+) -> float:
+    """Claim, run and complete batches until a claim comes back empty (or ``stop()``).
 
-    Returns the ``time.monotonic()`` of the last completion.
+    ``stop`` is asked between batches, never inside one. Returns the ``time.monotonic()``
+    of the last completion.
     """
     worker = uuid.uuid4()
     claim_params: dict[str, Any] = {"tasks": [task], "batch": batch, "worker": worker}
@@ -138,7 +147,7 @@ def drain(dsn: str, *, flavour: str, task: str, batch: int, handler: Callable[..
         return _drain_one_transaction(dsn, claim_params, handler)
     last_done = time.monotonic()
     with psycopg.connect(dsn, autocommit=True) as conn:
-        while True:
+        while not stop():
             if flavour == "bare":
                 rows = conn.execute(CLAIM, claim_params).fetchall()
                 if not rows:
@@ -161,6 +170,7 @@ def drain(dsn: str, *, flavour: str, task: str, batch: int, handler: Callable[..
                     _call(handler, payload)
                 conn.execute(MIN_COMPLETE, {"ids": [r[0] for r in rows], "worker": worker})
             last_done = time.monotonic()
+    return last_done
 
 
 def _drain_one_transaction(

@@ -9,6 +9,7 @@ import math
 import os
 import platform
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
@@ -36,6 +37,8 @@ from sqla_queue.testing.databases import (
 )
 
 __all__ = [
+    "COLD_TABLES",
+    "PROTOCOLS",
     "ROOT",
     "BackendCpuMeter",
     "BenchDatabase",
@@ -111,27 +114,92 @@ class BenchDatabase:
         """A new autocommit psycopg connection to the scratch database."""
         return psycopg.connect(self.dsn, autocommit=True)
 
-    def settle(self, tables: Sequence[str]) -> None:
-        """VACUUM ANALYZE ``tables`` and CHECKPOINT, so every timed run starts alike.
+    def fresh_tables(self) -> None:
+        """Drop and recreate every contender's tables, then ANALYZE them while empty.
+
+        This is the state both protocols start from: a queue whose statistics were taken by
+        autovacuum while it was (nearly) empty. TRUNCATE would not do: neither it nor an
+        ANALYZE of the empty table removes the column statistics of an earlier, larger
+        table, so a run after a warm one would inherit that run's histograms.
+
+        Autovacuum is switched off on the new tables so that it cannot analyze one of them
+        by chance in the middle of a run (a production burst finishes within its naptime
+        anyway); :meth:`planner_rows` checks before each clock starts that nothing did.
+        """
+        assert self.engine is not None
+        tables = queue.tables
+        names = [t.name for t in (tables.limits, tables.executions, tables.jobs)]
+        with self.connect() as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {', '.join(names)}, bench_min_queue CASCADE")
+        with self.engine.begin() as conn:
+            queue.create_all(conn)
+        with self.connect() as conn:
+            conn.execute(baseline.MIN_DDL)
+        asyncio.run(_install_pgqueuer(self.dsn, reinstall=True))
+        with self.connect() as conn:
+            for table in COLD_TABLES:
+                conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
+                # The only ANALYZE of the cold protocol: of the empty table.
+                conn.execute(f"ANALYZE {table}")
+
+    def settle(self, tables: Sequence[str], protocol: str = "warm") -> None:
+        """Prepare ``tables`` for a timed run under ``protocol``, then CHECKPOINT.
+
+        ``warm``: VACUUM ANALYZE each table, so the planner knows the backlog just
+        enqueued (the suite's behaviour before the cold protocol). ``cold``: nothing but
+        the CHECKPOINT, which analyzes nothing; the statistics stay those of the empty
+        tables (see :meth:`fresh_tables`).
 
         After a checkpoint each first write to a page logs the whole page; running one
         before every timed run makes all of them pay that cost equally.
         """
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {protocol!r}; choose from {PROTOCOLS}")
         with self.connect() as conn:
-            for table in tables:
-                conn.execute(f"VACUUM ANALYZE {table}")
+            if protocol == "warm":
+                for table in tables:
+                    conn.execute(f"VACUUM ANALYZE {table}")
             with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
                 conn.execute("CHECKPOINT")
 
+    def planner_rows(self, tables: Sequence[str]) -> dict[str, float]:
+        """``pg_class.reltuples`` of ``tables``: what the planner believes they hold.
 
-async def _install_pgqueuer(dsn: str) -> None:
+        Only VACUUM, ANALYZE and CREATE INDEX change it; 0 means the last one ran on the
+        empty table (the cold state), -1 that none ever ran.
+        """
+        with self.connect() as conn:
+            rows = conn.execute(
+                "SELECT relname::text, reltuples FROM pg_class WHERE relname = ANY(%s)",
+                (list(tables),),
+            ).fetchall()
+        return {str(name): float(n) for name, n in rows}
+
+
+#: The protocols: ``cold`` (the default: statistics of the empty tables) and ``warm``.
+PROTOCOLS = ("cold", "warm")
+#: Every contender's tables (recreated and analyzed empty by ``fresh_tables``).
+COLD_TABLES = (
+    "sqla_queue_jobs",
+    "sqla_queue_job_executions",
+    "pgqueuer",
+    "pgqueuer_log",
+    "pgqueuer_statistics",
+    "bench_min_queue",
+)
+
+
+async def _install_pgqueuer(dsn: str, *, reinstall: bool = False) -> None:
     import asyncpg  # type: ignore[import-untyped]
     from pgqueuer.db import AsyncpgDriver
     from pgqueuer.queries import Queries
 
     conn = await asyncpg.connect(dsn)
     try:
-        await Queries(AsyncpgDriver(conn)).install()
+        queries = Queries(AsyncpgDriver(conn))
+        if reinstall:
+            await queries.uninstall()
+        await queries.install()
     finally:
         await conn.close()
 
@@ -159,6 +227,7 @@ class WorkerProcess:
             [str(ROOT), *filter(None, [full_env.get("PYTHONPATH")])]
         )
         full_env.update(env or {})
+        self.terminated = False
         self.proc = subprocess.Popen(
             [*prefix, sys.executable, "-m", "bench.worker", *args],
             cwd=ROOT,
@@ -196,7 +265,10 @@ class WorkerProcess:
                 f"worker did not finish in {timeout}s\n{self.stderr_tail()}"
             ) from None
         lines = [x for x in out.splitlines() if x.startswith("{")]
-        if self.proc.returncode != 0 or not lines:
+        # A worker that had finished on its own may take the stop signal while it exits,
+        # after its report: that is a clean end too.
+        stopped = self.terminated and self.proc.returncode == -signal.SIGTERM and lines
+        if (self.proc.returncode != 0 and not stopped) or not lines:
             raise RuntimeError(
                 f"worker exited with {self.proc.returncode}\n{out}\n{self.stderr_tail()}"
             )
@@ -205,6 +277,7 @@ class WorkerProcess:
 
     def terminate(self) -> None:
         """SIGTERM: a graceful stop."""
+        self.terminated = True
         self.proc.terminate()
 
     def kill(self) -> None:

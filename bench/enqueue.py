@@ -7,6 +7,12 @@
 * Business transactions per second from P producer processes, each transaction one order
   row plus one job, for sqla_queue with and without NOTIFY, PgQueuer and the bare SQL
   statement; the host's own transaction without a job is the ceiling.
+* The same business transaction on one client stack: one process alternates, transaction
+  by transaction, the ORM transaction alone, with ``task.enqueue``, and with the bare SQL
+  statement sent through the same session. The producer table compares each system with
+  a host on its own client library (psycopg for bare SQL, the ORM session for sqla_queue),
+  whose round trips do not cost the same; this one holds the client stack fixed, so the
+  difference left is the enqueue's own: its Python and its statement.
 * Bulk: 100k jobs in one transaction with ``queue.enqueue_many``, PgQueuer's batched
   ``enqueue`` (lists), and a raw ``COPY`` of the same rows into sqla_queue's two tables.
 """
@@ -17,6 +23,7 @@ import asyncio
 import datetime as dt
 import json
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +34,7 @@ import psycopg
 from sqlalchemy import create_engine, event
 from sqlalchemy.orm import Session
 
-from bench import app
+from bench import app, baseline
 from bench.common import (
     BenchDatabase,
     Summary,
@@ -68,6 +75,8 @@ class EnqueueConfig:
     producers: Sequence[int] = (1, 4)
     bulk: int = 100_000
     repeat: int = 3
+    #: Transactions of each kind in the one-client-stack comparison.
+    same_client: int = 2_000
 
 
 # -- statements and round trips ----------------------------------------------------------
@@ -152,6 +161,98 @@ def _measure(
 def _is_request_end(line: str) -> bool:
     parts = line.split()
     return len(parts) >= 3 and parts[2] in ("Query", "Sync")
+
+
+# -- one client stack ----------------------------------------------------------------------
+
+
+SAME_STACK_KINDS = {
+    "host": "INSERT an order, COMMIT",
+    "sqla": "+ task.enqueue()",
+    "bare": "+ bare SQL statement (same session)",
+}
+
+
+def same_client_cost(db: BenchDatabase, transactions: int) -> dict[str, tuple[float, float]]:
+    """Median wall and client CPU (seconds) per business transaction of each kind.
+
+    One process, one pooled connection, the kinds alternating transaction by transaction,
+    so the machine's noise falls on all of them alike. Every transaction is an ORM session
+    that adds one order; "sqla" also enqueues one job, "bare" sends the bench's bare
+    enqueue statement (the same one the bare producers send) through the same session.
+    """
+    from psycopg.types.json import Jsonb
+
+    truncate_all(db)
+    db.settle(("bench_orders", *ALL_TABLES))
+    engine = create_engine(db.url, pool_size=1)
+    noop = app.queue.get_task(app.NOOP)
+    channel = app.queue.tables.notify_channel
+
+    def bare(session: Session, i: int) -> None:
+        params = {"task": app.NOOP, "payload": Jsonb({"args": [], "kwargs": {"n": i}})}
+        session.connection().exec_driver_sql(
+            baseline.ENQUEUE_ONE_NOTIFY, {**params, "channel": channel}
+        ).scalar_one()
+
+    bodies: dict[str, Callable[[Session, int], object] | None] = {
+        "host": None,
+        "sqla": lambda session, i: noop.enqueue(session, n=i),
+        "bare": bare,
+    }
+    walls: dict[str, list[float]] = {kind: [] for kind in bodies}
+    cpus: dict[str, list[float]] = {kind: [] for kind in bodies}
+    try:
+        for i in range(-200, transactions):  # the first 200 of each warm up, uncounted
+            for kind, body in bodies.items():
+                w0, c0 = time.perf_counter(), time.thread_time()
+                with Session(engine) as session, session.begin():
+                    session.add(app.Order(total=i))
+                    if body is not None:
+                        body(session, i)
+                if i >= 0:
+                    walls[kind].append(time.perf_counter() - w0)
+                    cpus[kind].append(time.thread_time() - c0)
+    finally:
+        engine.dispose()
+    return {k: (statistics.median(walls[k]), statistics.median(cpus[k])) for k in bodies}
+
+
+def same_client_table(runs: list[dict[str, tuple[float, float]]], transactions: int) -> TextTable:
+    """The one-client-stack comparison: added wall and CPU per job, and their ratio."""
+    table = TextTable(
+        "Enqueue in a business transaction on one client stack (SQLAlchemy ORM session, "
+        f"psycopg): median per transaction of {transactions:,} per kind, alternating, "
+        f"median of {len(runs)} runs",
+        ["transaction", "wall ms", "client CPU ms", "added wall ms", "added CPU ms", "vs bare"],
+    )
+
+    def med(kind: str, index: int) -> float:
+        return statistics.median(run[kind][index] for run in runs)
+
+    def added(kind: str, index: int) -> float:
+        return statistics.median(run[kind][index] - run["host"][index] for run in runs)
+
+    for kind, label in SAME_STACK_KINDS.items():
+        versus = "-"
+        if kind != "host":
+            ratios = [
+                (run[kind][0] - run["host"][0]) / (run["bare"][0] - run["host"][0]) for run in runs
+            ]
+            versus = f"{statistics.median(ratios):.2f}x"
+        table.add(
+            label,
+            f"{1000 * med(kind, 0):.3f}",
+            f"{1000 * med(kind, 1):.3f}",
+            f"{1000 * added(kind, 0):.3f}" if kind != "host" else "-",
+            f"{1000 * added(kind, 1):.3f}" if kind != "host" else "-",
+            versus,
+        )
+    table.note(
+        "vs bare: the enqueue's added wall time over the bare statement's, paired within each "
+        "run. Client CPU is the producer thread's own (time.thread_time)."
+    )
+    return table
 
 
 # -- business transactions per second ---------------------------------------------------------
@@ -296,6 +397,21 @@ def run_enqueue(db: BenchDatabase, config: EnqueueConfig, log: Any = print) -> d
         "(SQLAlchemy ORM session for sqla_queue, asyncpg for PgQueuer, psycopg for bare SQL)."
     )
 
+    same_runs: list[dict[str, tuple[float, float]]] = []
+    for rep in range(config.repeat):
+        run = same_client_cost(db, config.same_client)
+        same_runs.append(run)
+        log(
+            f"  same client rep {rep + 1}/{config.repeat}: "
+            + ", ".join(f"{k} {1000 * w:.3f} ms" for k, (w, _) in run.items())
+        )
+    same = same_client_table(same_runs, config.same_client)
+    for kind in SAME_STACK_KINDS:
+        summary[f"same_client/{kind}"] = {
+            "wall_ms": [1000 * run[kind][0] for run in same_runs],
+            "cpu_ms": [1000 * run[kind][1] for run in same_runs],
+        }
+
     bulk_runs: dict[str, list[float]] = {"sqla": [], "pgqueuer": [], "copy": []}
     tables = {"sqla": "sqla_queue_jobs", "pgqueuer": "pgqueuer", "copy": "sqla_queue_jobs"}
     funcs: dict[str, Callable[[BenchDatabase, int], float]] = {
@@ -332,4 +448,4 @@ def run_enqueue(db: BenchDatabase, config: EnqueueConfig, log: Any = print) -> d
             f"{r.spread():.0%}",
         )
         summary[f"bulk/{name}"] = r.as_json()
-    return {"tables": [trips, single, bulk], "summary": summary}
+    return {"tables": [trips, single, same, bulk], "summary": summary}

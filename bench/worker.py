@@ -203,6 +203,13 @@ def run_pgqueuer(args: argparse.Namespace) -> None:
             async def noop(job: Job) -> None:
                 return None
 
+        if args.hot_task:
+            # PgQueuer has no per-key ordering; its nearest equivalent of one hot queue_id
+            # is an entrypoint of its own that runs one job at a time.
+            @qm.entrypoint(args.hot_task, concurrency_limit=1)
+            async def hot(job: Job) -> None:
+                return None
+
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, qm.shutdown.set)
         _handshake()
@@ -227,9 +234,16 @@ def run_bare(args: argparse.Namespace) -> None:
     """The bare psycopg loops of :mod:`bench.baseline`."""
     handler = _bare_handler(args.task)
     if args.role == "drain":
+        # A drain that counts only the first jobs is stopped with SIGTERM between batches.
+        stopped = _stop_on_sigterm()
         _handshake()
         last = baseline.drain(
-            args.dsn, flavour=args.system, task=args.task, batch=args.concurrency, handler=handler
+            args.dsn,
+            flavour=args.system,
+            task=args.task,
+            batch=args.concurrency,
+            handler=handler,
+            stop=stopped.is_set,
         )
         _report(last_done=last)
         return
@@ -334,6 +348,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--poll-interval", type=float, default=1.0)
     parser.add_argument("--quiet", action="store_true", help="no NOTIFY, no LISTEN")
     parser.add_argument("--limit", type=int, default=0, help="PgQueuer concurrency_limit")
+    parser.add_argument(
+        "--hot-task", default="", help="PgQueuer: a second entrypoint, one job at a time"
+    )
     parser.add_argument(
         "--trace-statements", action="store_true", help="count statements (sqla_queue only)"
     )
