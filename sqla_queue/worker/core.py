@@ -130,10 +130,6 @@ class _Running:
     released: bool = False
 
 
-def _nothing() -> None:
-    return None
-
-
 def utcnow() -> dt.datetime:
     """The current time, timezone-aware."""
     return dt.datetime.now(dt.UTC)

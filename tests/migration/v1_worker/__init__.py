@@ -10,74 +10,12 @@ deploy order in docs/guides/alembic.md promises. Never regenerate them from toda
 
 from __future__ import annotations
 
-import json
-import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from tests.migration.frozen_worker import LEASE, Claimed, FrozenWorker, read_sql
 
-from sqlalchemy import Connection
-
-_HERE = Path(__file__).resolve().parent
-CLAIM_SQL = (_HERE / "claim.sql").read_text()
-COMPLETE_SQL = (_HERE / "complete.sql").read_text()
-
-#: The lease a version-1 worker gave its executions by default, in seconds.
-LEASE = 30.0
+__all__ = ["LEASE", "Claimed", "V1Worker"]
 
 
-@dataclass(frozen=True)
-class Claimed:
-    """One execution a version-1 worker claimed."""
-
-    id: int
-    attempt: int
-    task: str
-
-
-@dataclass
-class V1Worker:
+class V1Worker(FrozenWorker):
     """One version-1 worker process: its id, and the claim and completion it runs."""
 
-    worker_id: uuid.UUID = field(default_factory=uuid.uuid4)
-
-    def claim(self, connection: Connection, tasks: Sequence[str], batch: int) -> list[Claimed]:
-        """Claim up to ``batch`` due executions of ``tasks``, as the version-1 worker did."""
-        rows = connection.exec_driver_sql(
-            CLAIM_SQL,
-            {
-                "tasks": list(tasks),
-                "batch": batch,
-                "attempt_1": 1,
-                "worker": self.worker_id,
-                "lease_map": "{}",
-                "lease": LEASE,
-            },
-        ).all()
-        return [Claimed(r.id, r.attempt, r.task) for r in rows if r.id is not None]
-
-    def succeed(self, connection: Connection, claimed: Sequence[Claimed], result: Any) -> list[int]:
-        """Report ``claimed`` as succeeded; returns the ids the fenced completion applied to."""
-        outcomes = [
-            {
-                "id": c.id,
-                "attempt": c.attempt,
-                "kind": "succeeded",
-                "result": result,
-                "error": None,
-                "execute_at": None,
-                "delay": None,
-            }
-            for c in claimed
-        ]
-        rows = connection.exec_driver_sql(
-            COMPLETE_SQL,
-            {
-                "outcomes": json.dumps(outcomes),
-                "worker": self.worker_id,
-                "coalesce_1": 0.0,
-                "attempt_1": 1,
-            },
-        ).all()
-        return sorted(int(r[0]) for r in rows)
+    CLAIM_SQL, COMPLETE_SQL = read_sql(__file__)
