@@ -23,9 +23,9 @@ class WorkerSettings:
         listen: LISTEN for enqueue notifications (default: the queue's ``notify``).
         heartbeat_interval: seconds between heartbeats (default: a quarter of the shortest
             lost interval of this worker's tasks).
-        reclaim_interval: seconds between sweeps for lost jobs, and between re-reads of the
-            stored concurrency limits (default: half the shortest lost interval of this
-            worker's tasks, at most 5 s).
+        reclaim_interval: seconds between maintenance sweeps: lost jobs, re-reads of the
+            stored concurrency limits, and keys whose next job is owed a promotion
+            (default: half the shortest lost interval of this worker's tasks, at most 5 s).
         ack_delay: longest time, in seconds, a finished job's acknowledgement waits for others
             to share its statement while more handlers are still running (0: ack at once).
         verify_schema: check the database schema before the first claim.
