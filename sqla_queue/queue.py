@@ -121,8 +121,9 @@ class Queue:
         self.retry = retry or RetryPolicy()
         self._tasks: dict[str, Task[Any, Any]] = {}
         self._declared: dict[str, TaskDefaults] = {}
-        # The enqueue statement compiled for each dialect seen (None: not served that way).
-        self._driver_enqueue: dict[Dialect, DriverStatement | None] = {}
+        # The enqueue statement compiled for each dialect seen and each shape (None: not
+        # served that way).
+        self._driver_enqueue: dict[tuple[Dialect, bool], DriverStatement | None] = {}
 
     def __repr__(self) -> str:
         where = f"{self.tables.schema}." if self.tables.schema else ""
@@ -278,10 +279,14 @@ class Queue:
     # -- statements ------------------------------------------------------------------------
 
     @cached_property
-    def _enqueue_statement(self) -> Select[int]:
-        return statements.enqueue_statement(self.tables, notify=self.notify)
+    def _enqueue_statements(self) -> dict[bool, Select[int]]:
+        """The enqueue statement by shape: for calls with a ``queue_id`` (True) or none."""
+        return {
+            keyed: statements.enqueue_statement(self.tables, notify=self.notify, keyed=keyed)
+            for keyed in (True, False)
+        }
 
-    def _driver_statement(self, connection: Connection) -> DriverStatement | None:
+    def _driver_statement(self, connection: Connection, keyed: bool) -> DriverStatement | None:
         """The enqueue statement as driver SQL for ``connection``, or None to use execute.
 
         A ``schema_translate_map`` execution option changes the compiled text, so such a
@@ -289,26 +294,28 @@ class Queue:
         """
         if "schema_translate_map" in connection.get_execution_options():
             return None
-        dialect = connection.dialect
+        key = (connection.dialect, keyed)
         try:
-            return self._driver_enqueue[dialect]
+            return self._driver_enqueue[key]
         except KeyError:
-            found = driver_statement_for(self._enqueue_statement, dialect)
-            self._driver_enqueue[dialect] = found
+            found = driver_statement_for(self._enqueue_statements[keyed], connection.dialect)
+            self._driver_enqueue[key] = found
             return found
 
-    def _execute_enqueue(self, connection: Connection, rows: str) -> CursorResult[Any]:
-        driver = self._driver_statement(connection)
+    def _execute_enqueue(self, connection: Connection, rows: str, keyed: bool) -> CursorResult[Any]:
+        driver = self._driver_statement(connection, keyed)
         if driver is None:
-            return connection.execute(self._enqueue_statement, {"rows": rows})
+            return connection.execute(self._enqueue_statements[keyed], {"rows": rows})
         return connection.exec_driver_sql(driver.text, driver.params({"rows": rows}))
 
-    async def _execute_enqueue_async(self, bind: AsyncSession | AsyncConnection, rows: str) -> int:
+    async def _execute_enqueue_async(
+        self, bind: AsyncSession | AsyncConnection, rows: str, keyed: bool
+    ) -> int:
         connection = await bind.connection() if isinstance(bind, AsyncSession) else bind
         sync = connection.sync_connection
-        driver = None if sync is None else self._driver_statement(sync)
+        driver = None if sync is None else self._driver_statement(sync, keyed)
         if driver is None:
-            result = await connection.execute(self._enqueue_statement, {"rows": rows})
+            result = await connection.execute(self._enqueue_statements[keyed], {"rows": rows})
         else:
             result = await connection.exec_driver_sql(driver.text, driver.params({"rows": rows}))
         return int(result.scalar_one())
@@ -402,8 +409,11 @@ class Queue:
         self, session: Bind, specs: Iterable[JobSpec]
     ) -> list[int] | Coroutine[Any, Any, list[int]]:
         """Shared path of every enqueue call: validate, serialize, write (see enqueue_many)."""
+        specs = specs if isinstance(specs, Sequence) else list(specs)
         chunks = prepare_rows(specs, self._defaults_for)
-        return scalars_each(session, self._enqueue_statement, [{"rows": c} for c in chunks])
+        keyed = any(spec.options.queue_id is not None for spec in specs)
+        statement = self._enqueue_statements[keyed]
+        return scalars_each(session, statement, [{"rows": c} for c in chunks])
 
     def enqueue_spec(self, session: Bind, spec: JobSpec) -> int | Coroutine[Any, Any, int]:
         """Enqueue one call; the id, or a coroutine of it for async sessions."""
@@ -424,10 +434,11 @@ class Queue:
         where the driver allows (see :class:`~sqla_queue.enqueue.DriverStatement`).
         """
         rows = encode_one(task, args, kwargs, options, self._checked_defaults(task))
+        keyed = options.queue_id is not None
         if isinstance(session, AsyncSession | AsyncConnection):
-            return self._execute_enqueue_async(session, rows)
+            return self._execute_enqueue_async(session, rows, keyed)
         connection = session.connection() if isinstance(session, Session) else session
-        return int(self._execute_enqueue(connection, rows).scalar_one())
+        return int(self._execute_enqueue(connection, rows, keyed).scalar_one())
 
     # -- operations ------------------------------------------------------------------------
 

@@ -194,3 +194,25 @@ def test_a_job_enqueued_while_its_key_has_no_head_joins_the_waiting_jobs_in_orde
         assert connection.execute(CLEAR_DONE, {"keys": ["acct"]}).scalars().all() == []
         assert connection.execute(PROMOTE, {"keys": ["acct"]}).scalars().all() == [early]
     assert _states(engine)[first] == "waiting"
+
+
+def test_a_batch_with_one_keyed_call_takes_the_keyed_statement(engine: Engine) -> None:
+    # Calls without a queue_id take a statement without the key probes; a batch that mixes
+    # them must still put its keyed call behind its key's head.
+    with Session(engine) as session, session.begin():
+        head = keyed.options(queue_id="acct").enqueue(session, key="acct", seq=0)
+    with Session(engine) as session, session.begin():
+        plain, behind = queue.enqueue_many(
+            session,
+            [
+                keyed.call(key="none", seq=1),
+                keyed.options(queue_id="acct").call(key="acct", seq=2),
+            ],
+        )
+        alone = keyed.enqueue(session, key="none", seq=3)
+    assert _states(engine) == {
+        head: "pending",
+        plain: "pending",
+        behind: "waiting",
+        alone: "pending",
+    }

@@ -40,6 +40,7 @@ BUILDERS = {
     "requeue": statements.requeue_statement,
     "enqueue_notify": lambda t: statements.enqueue_statement(t, notify=True),
     "enqueue_quiet": lambda t: statements.enqueue_statement(t, notify=False),
+    "enqueue_unkeyed": lambda t: statements.enqueue_statement(t, notify=True, keyed=False),
 }
 
 
