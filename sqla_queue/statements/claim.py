@@ -199,8 +199,14 @@ def _next_due(tables: QueueTables, levels: CTE) -> CTE:
         .limit(_ONE)
         .scalar_subquery()
     )
+    # Capped at a day: a job due in the year 10,000 or later (a huge delay or retry) is a
+    # valid timestamptz that no Python datetime can hold, and reading it back would fail
+    # every claim of every worker. A day is far beyond any poll interval, so the sleep it
+    # decides is the same. No job due later still reads as NULL.
+    at = func.min(first_later)
+    horizon = func.now() + literal_column("interval '1 day'")
     return (
-        select(func.min(first_later).label("at"))
+        select(case((at > horizon, horizon), else_=at).label("at"))
         .where(levels.c.priority.is_not(None))
         .cte("next_due")
     )

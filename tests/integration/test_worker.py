@@ -251,3 +251,20 @@ def test_an_execution_whose_job_row_was_deleted_is_removed_and_the_rest_runs(
     with SessionLocal() as session:
         assert session.scalar(select(func.count()).select_from(queue.JobExecution)) == 0
         assert sorted(session.scalars(select(Result.job_id))) == good
+
+
+def test_a_job_due_after_the_year_9999_stops_no_worker(
+    SessionLocal: sessionmaker[Session],
+) -> None:
+    # A valid timestamptz that no Python datetime can hold: the claim's next due time must
+    # never carry it back, or every claim of every worker would fail on reading it.
+    with SessionLocal.begin() as session:
+        far = noop.options(delay=1e12).enqueue(session)
+        near = record.enqueue(session, value="near")
+
+    stats = queue.worker(SessionLocal, poll_interval=0.05).run(burst=True)
+
+    assert (stats.claimed, stats.succeeded) == (1, 1)
+    with SessionLocal() as session:
+        assert session.scalars(select(Result.job_id)).all() == [near]
+        assert session.scalars(select(queue.JobExecution.id)).all() == [far]

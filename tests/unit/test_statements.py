@@ -110,6 +110,7 @@ def test_no_values_baked_in(tables, name: str) -> None:
         "reschedule",
         "release",
         "1 second",
+        "1 day",  # the cap of the claim's next due time
         "{}",  # the empty integer[] of a task that holds no slot yet
         "",  # coalesce(state, '') = 'running': see statements._common.still_running
     }

@@ -10,10 +10,13 @@ WHERE lv.task = l.task AND lv.state = 'pending' AND lv.slot IS NULL AND lv.prior
 FROM levels AS l 
 WHERE l.priority IS NOT NULL), 
 next_due AS 
-(SELECT min((SELECT n.execute_at 
+(SELECT CASE WHEN (min((SELECT n.execute_at 
 FROM app.q_job_executions AS n 
 WHERE n.task = levels.task AND n.priority = levels.priority AND n.state = 'pending' AND n.slot IS NULL AND n.execute_at > now() ORDER BY n.execute_at 
- LIMIT 1)) AS at 
+ LIMIT 1)) > now() + interval '1 day') THEN now() + interval '1 day' ELSE min((SELECT n.execute_at 
+FROM app.q_job_executions AS n 
+WHERE n.task = levels.task AND n.priority = levels.priority AND n.state = 'pending' AND n.slot IS NULL AND n.execute_at > now() ORDER BY n.execute_at 
+ LIMIT 1)) END AS at 
 FROM levels 
 WHERE levels.priority IS NOT NULL), 
 room AS MATERIALIZED 
