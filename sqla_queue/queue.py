@@ -265,16 +265,9 @@ class Queue:
         Registered and declared names were validated when they were added, so a known name
         skips the pattern match; any other value raises what the two calls would raise.
         """
-        if isinstance(name, str):
-            task = self._tasks.get(name)
-            if task is not None:
-                opts = task.task_options
-                return TaskDefaults(opts.priority, opts.max_attempts)
-            declared = self._declared.get(name)
-            if declared is not None:
-                return declared
-        validate_task_name(name)
-        raise UnknownTaskError(self._unknown_message(name))
+        if not isinstance(name, str) or (name not in self._tasks and name not in self._declared):
+            validate_task_name(name)
+        return self._defaults_for(name)
 
     # -- statements ------------------------------------------------------------------------
 

@@ -186,8 +186,7 @@ def build_tables(
         # PostgreSQL keep the new version on the same page.
         postgresql_with={"fillfactor": "70"},
     )
-    pending_value = ExecutionState.PENDING
-    pending = executions.c.state == pending_value
+    pending = executions.c.state == ExecutionState.PENDING
     running = executions.c.state == ExecutionState.RUNNING
     # Heartbeats and the reclaimer only ever look at running rows, which are few.
     Index(conv(f"{exec_name}_running_ix"), executions.c.alive_at, postgresql_where=running)
@@ -235,7 +234,7 @@ def build_tables(
         executions.c.queue_id,
         executions.c.execute_at,
         executions.c.id,
-        postgresql_where=keyed & ((executions.c.state == pending_value) | running),
+        postgresql_where=keyed & (pending | running),
     )
     # A key's waiting jobs in order: the next one to promote is the first entry.
     Index(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Interval, Text, func, literal_column
+from sqlalchemy import Integer, Interval, Text, func, literal_column
 from sqlalchemy.sql.elements import ColumnElement
 
 from sqla_queue.models.tables import ExecutionState, JobStatus
@@ -12,6 +12,7 @@ from sqla_queue.models.tables import ExecutionState, JobStatus
 __all__ = [
     "DONE",
     "FAILED",
+    "ONE",
     "PENDING",
     "QUEUED",
     "RUNNING",
@@ -44,6 +45,9 @@ FAILED = state_literal(JobStatus.FAILED)
 
 
 _ONE_SECOND = literal_column("interval '1 second'", Interval)
+
+#: ``LIMIT 1`` written into the text: a bound limit leaves a generic plan guessing its size.
+ONE = literal_column("1", Integer)
 
 
 def seconds(amount: ColumnElement[Any]) -> ColumnElement[Any]:

@@ -44,12 +44,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.statements._common import PENDING, RUNNING
+from sqla_queue.statements._common import ONE, PENDING, RUNNING
 
 __all__ = ["claim_statement"]
-
-# A LIMIT written into the text: a bound one would leave generic plans guessing its size.
-_ONE = literal_column("1", Integer)
 
 
 def _batch_size() -> Any:
@@ -112,7 +109,7 @@ def _levels(tables: QueueTables, tasks: Any) -> CTE:
             select(e.c.priority)
             .where(*conditions)
             .order_by(e.c.priority.desc())
-            .limit(_ONE)
+            .limit(ONE)
             .scalar_subquery()
         )
 
@@ -196,7 +193,7 @@ def _next_due(tables: QueueTables, levels: CTE) -> CTE:
             e.c.execute_at > func.now(),
         )
         .order_by(e.c.execute_at)
-        .limit(_ONE)
+        .limit(ONE)
         .scalar_subquery()
     )
     # Capped at a day: a job due in the year 10,000 or later (a huge delay or retry) is a

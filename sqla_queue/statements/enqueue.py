@@ -23,7 +23,6 @@ from sqlalchemy import (
     func,
     insert,
     literal,
-    literal_column,
     or_,
     select,
     true,
@@ -31,7 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.statements._common import PENDING, RUNNING, WAITING, seconds
+from sqla_queue.statements._common import ONE, PENDING, RUNNING, WAITING, seconds
 
 __all__ = ["ENQUEUE_ROW_FIELDS", "enqueue_statement"]
 
@@ -152,13 +151,12 @@ def _keyed_rows(tables: QueueTables, new_jobs: Any) -> Select[Any]:
     keys = (
         select(new_jobs.c.queue_id).where(new_jobs.c.queue_id.is_not(None)).distinct().cte("keys")
     )
-    one = literal_column("1", Integer)
     h = ex.alias("h")
     head = (
         select(h.c.execute_at)
         .where(h.c.queue_id == keys.c.queue_id, or_(h.c.state == PENDING, h.c.state == RUNNING))
         .order_by(h.c.execute_at, h.c.id)
-        .limit(one)
+        .limit(ONE)
         .with_for_update(of=h, read=True, key_share=True)
         .correlate_except(h)
         .lateral("head")
@@ -167,7 +165,7 @@ def _keyed_rows(tables: QueueTables, new_jobs: Any) -> Select[Any]:
     backlog = (
         select(w.c.execute_at)
         .where(w.c.queue_id == keys.c.queue_id, w.c.state == WAITING)
-        .limit(one)
+        .limit(ONE)
         .with_for_update(of=w, read=True, key_share=True)
         .correlate_except(w)
         .lateral("backlog")

@@ -37,7 +37,6 @@ from sqlalchemy import (
     delete,
     exists,
     func,
-    literal_column,
     or_,
     select,
     true,
@@ -48,7 +47,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql.dml import ReturningDelete, ReturningUpdate
 
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.statements._common import DONE, PENDING, RUNNING, WAITING
+from sqla_queue.statements._common import DONE, ONE, PENDING, RUNNING, WAITING
 
 __all__ = [
     "cleanup_statement",
@@ -56,8 +55,6 @@ __all__ = [
     "orphan_sweep_statement",
     "promote_statement",
 ]
-
-_ONE = literal_column("1", Integer)
 
 
 def _first_waiting(tables: QueueTables, keys: Any) -> Any:
@@ -79,7 +76,7 @@ def _first_waiting(tables: QueueTables, keys: Any) -> Any:
         select(w.c.id, w.c.execute_at, w.c.queue_id)
         .where(w.c.queue_id == keys.c.queue_id, w.c.state == WAITING)
         .order_by(w.c.execute_at, w.c.id)
-        .limit(_ONE)
+        .limit(ONE)
         .correlate_except(w)
         .lateral("first_waiting")
     )
@@ -184,7 +181,7 @@ def _waiting_keys(tables: QueueTables) -> CTE:
             select(x.c.queue_id)
             .where(x.c.state == WAITING, x.c.queue_id > after)
             .order_by(x.c.queue_id)
-            .limit(_ONE)
+            .limit(ONE)
             .scalar_subquery()
         )
 
