@@ -11,7 +11,13 @@ from typing import Any
 import psycopg.sql
 from sqlalchemy import Connection, Engine, event
 
-__all__ = ["captured_statements", "generic_plan", "rendered_statements", "scans"]
+__all__ = [
+    "captured_statements",
+    "explain_prepared",
+    "generic_plan",
+    "rendered_statements",
+    "scans",
+]
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
@@ -67,6 +73,23 @@ def generic_plan(
     ``%(name)s`` form with a dict of values, or PostgreSQL's ``$n`` form (what the worker
     sends with ``raw_statements``) with a list. The statement is explained, not run.
     """
+    connection.exec_driver_sql("SET LOCAL jit = off")
+    return explain_prepared(connection, sql, params, generic=True)
+
+
+def explain_prepared(
+    connection: Connection,
+    sql: str,
+    params: dict[str, Any] | list[Any],
+    *,
+    generic: bool,
+    analyze: bool = False,
+) -> dict[str, Any]:
+    """EXPLAIN of ``sql`` run as a prepared statement, as JSON; ``sql`` as in generic_plan.
+
+    ``generic``: the generic plan a prepared statement caches, else a plan made for these
+    values. ``analyze``: run it too (the caller rolls back). Settings are ``SET LOCAL``.
+    """
     if isinstance(params, dict):
         names: list[str] = []
         for name in _PLACEHOLDER.findall(sql):
@@ -78,8 +101,8 @@ def generic_plan(
         # exec_driver_sql goes through psycopg's %-parsing: escape the modulo operator.
         numbered = sql.replace("%", "%%")
         values = list(params)
-    connection.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
-    connection.exec_driver_sql("SET LOCAL jit = off")
+    mode = "force_generic_plan" if generic else "force_custom_plan"
+    connection.exec_driver_sql(f"SET LOCAL plan_cache_mode = {mode}")
     connection.exec_driver_sql("PREPARE sqla_queue_plan_probe AS " + numbered)
     types = connection.exec_driver_sql(
         "SELECT parameter_types::text[] FROM pg_prepared_statements"
@@ -92,7 +115,8 @@ def generic_plan(
         for value, type_ in zip(values, types, strict=True)
     ).replace("%", "%%")
     call = f"({arguments})" if arguments else ""
-    explain = f"EXPLAIN (FORMAT JSON) EXECUTE sqla_queue_plan_probe{call}"
+    options = "ANALYZE, BUFFERS, FORMAT JSON" if analyze else "FORMAT JSON"
+    explain = f"EXPLAIN ({options}) EXECUTE sqla_queue_plan_probe{call}"
     plan: dict[str, Any] = connection.exec_driver_sql(explain).scalar_one()[0]
     connection.exec_driver_sql("DEALLOCATE sqla_queue_plan_probe")
     return plan

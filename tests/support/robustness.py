@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from sqla_queue.models.tables import QueueTables
+from tests.support.plans import explain_prepared
 
 __all__ = ["MIX", "ROW_BOUND", "explain_analyze", "grow", "seed_fixtures", "violations"]
 
@@ -129,27 +130,9 @@ def explain_analyze(
     With ``generic``, the plan is the generic plan a worker's connection caches; without,
     a plan made for these values. The caller runs the planner guard first and rolls back.
     """
-    import psycopg.sql
-
-    mode = "force_generic_plan" if generic else "force_custom_plan"
-    connection.exec_driver_sql(f"SET LOCAL plan_cache_mode = {mode}")
-    connection.exec_driver_sql("PREPARE sqla_queue_robustness AS " + sql.replace("%", "%%"))
-    try:
-        types = connection.exec_driver_sql(
-            "SELECT parameter_types::text[] FROM pg_prepared_statements"
-            " WHERE name = 'sqla_queue_robustness'"
-        ).scalar_one()
-        driver = connection.connection.driver_connection
-        values = ", ".join(
-            f"{psycopg.sql.Literal(value).as_string(driver)}::{type_}"
-            for value, type_ in zip(args, types, strict=True)
-        ).replace("%", "%%")
-        call = f"({values})" if values else ""
-        plan: dict[str, Any] = connection.exec_driver_sql(
-            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE sqla_queue_robustness{call}"
-        ).scalar_one()[0]
-    finally:
-        connection.exec_driver_sql("DEALLOCATE sqla_queue_robustness")
+    plan = explain_prepared(connection, sql, args, generic=generic, analyze=True)
+    # The checks read actual row counts: a plan without them would pass every check.
+    assert "Actual Rows" in plan["Plan"], "EXPLAIN without ANALYZE"
     return plan
 
 
