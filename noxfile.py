@@ -1,10 +1,17 @@
 """Developer tasks: ``nox -s tests``, ``nox -s lint``, ``nox -s typecheck``, ``nox -s docs``.
 
 Arguments after ``--`` go to pytest, e.g. ``nox -s tests -- -m unit -x``.
+
+These sessions are the one definition of the checks: which paths are linted, and with
+which tools. The tool pins are those of pyproject.toml's extras (ruff's is read from the
+``lint`` extra below). CI (``.ci/run``) runs the lint, typecheck and docs sessions inside
+its own fresh virtualenv (``--no-venv --no-install``, the ``dev`` extra installed), so it
+names neither paths nor pins.
 """
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import nox
@@ -13,8 +20,18 @@ nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "yes"
 
 ROOT = Path(__file__).parent
-# Keep in sync with .ci/run.
 LINT_PATHS = ("sqla_queue", "alembic_ext", "tests", "examples", "bench", "noxfile.py")
+
+
+def _extra(name: str) -> list[str]:
+    """The requirements of one of pyproject.toml's extras."""
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        extras: dict[str, list[str]] = tomllib.load(file)["project"]["optional-dependencies"]
+    return extras[name]
+
+
+# ruff's pin lives in the `lint` extra, which the `dev` extra (and so CI) installs too.
+RUFF = next(req for req in _extra("lint") if req.startswith("ruff"))
 
 
 def _lint_paths() -> list[str]:
@@ -33,7 +50,7 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """Check style and formatting with ruff."""
-    session.install("ruff>=0.17,<0.18")
+    session.install(RUFF)
     session.run("ruff", "check", *_lint_paths())
     session.run("ruff", "format", "--check", *_lint_paths())
 
@@ -48,6 +65,6 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    """Build the documentation, failing on warnings."""
+    """Build the documentation, failing on warnings (``-- --site-dir DIR`` to build elsewhere)."""
     session.install("-e", ".[docs]")
     session.run("mkdocs", "build", "--strict", *session.posargs)

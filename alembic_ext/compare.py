@@ -20,7 +20,6 @@ excluded gets no operation at all, and Alembic proposes nothing for its other ta
 from __future__ import annotations
 
 import logging
-import re
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from sqlalchemy import MetaData, Table
 from alembic_ext import versions
 from alembic_ext.ops import CreateQueueOp, DropQueueOp, QueueOp, UpgradeQueueOp
 from sqla_queue.errors import InvalidIdentifierError
-from sqla_queue.models.tables import QueueTables
+from sqla_queue.models.tables import QueueTables, parse_schema_version_comment
 from sqla_queue.schema.verify import inspect_schema
 
 __all__ = [
@@ -48,7 +47,6 @@ __all__ = [
 ]
 
 _EXECUTIONS_SUFFIX = "job_executions"
-_VERSION_COMMENT = re.compile(r"^sqla_queue schema version (\d+)$")
 # Set on the UpgradeOps once handled, so that the hook registered twice (a reloaded module, a
 # hand-written plugin calling it too) still produces one queue operation.
 _DONE = "alembic_ext.queues_compared"
@@ -234,12 +232,11 @@ def _dropped_queues(
     owned: set[TableKey] = set()
     for (schema, name), op in dropped.items():
         comment = getattr(op, "comment", None) or op.table_kw.get("comment")
-        match = _VERSION_COMMENT.match(comment or "")
-        if not name.endswith(_EXECUTIONS_SUFFIX) or match is None:
+        version = parse_schema_version_comment(comment)
+        if not name.endswith(_EXECUTIONS_SUFFIX) or version is None:
             continue
         prefix = name[: -len(_EXECUTIONS_SUFFIX)]
         try:
-            version = int(match.group(1))
             keys = {(schema, prefix + suffix) for suffix in versions.table_suffixes(version)}
             drop = DropQueueOp(schema, prefix, version=version)
         except (InvalidIdentifierError, TypeError, versions.UnknownSchemaVersionError):

@@ -126,7 +126,9 @@ def _outcomes_params(core: WorkerCore, rows: Sequence[Any]) -> dict[str, Any]:
 def path_cpu(db: BenchDatabase, cycles: int) -> TextTable:
     """Client CPU (microseconds) per claim + completion cycle, by execution path."""
     top_up(db, 50_000, 0, pgqueuer=False)
-    core = WorkerCore(app.queue, WorkerSettings(concurrency=BATCH, tasks=[app.NOOP]))
+    core = WorkerCore(
+        app.queue.worker_plan([app.NOOP]), WorkerSettings(concurrency=BATCH, tasks=[app.NOOP])
+    )
     engine = create_engine(db.url, pool_size=1)
     dialect = engine.dialect
     claim = core.claim_statement.compile(dialect=dialect)

@@ -19,10 +19,22 @@ from sqla_queue.errors import (
 )
 from sqla_queue.models import SCHEMA_VERSION, Job, JobExecution, JobStatus
 from sqla_queue.queue import Queue
-from sqla_queue.task import EnqueueOptions, JobSpec, Task
+from sqla_queue.spec import EnqueueOptions, JobSpec
+from sqla_queue.task import Task
 from sqla_queue.worker import AsyncWorker, JobContext, RunStats, Worker, WorkerSettings
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The installed distribution's version; pyproject.toml is its one source."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sqla-queue")
+    except PackageNotFoundError:  # imported from a source tree that was never installed
+        return "0+unknown"
+
+
+__version__ = _version()
 
 __all__ = [
     "SCHEMA_VERSION",

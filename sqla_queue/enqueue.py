@@ -1,28 +1,44 @@
-"""Preparing enqueued rows without I/O: validated and serialized in the caller's process.
+"""Enqueue without the Queue: validated, serialized rows written on the caller's connection.
 
-The rows are then written by one statement per chunk on the caller's connection (see
-:mod:`sqla_queue._binds`), so a bad argument fails before anything reaches the database.
-A single job takes a shorter road: :func:`encode_one` serializes its one row, and
-:class:`DriverStatement` holds the enqueue statement compiled once per dialect, so that
-each call sends the same text without SQLAlchemy's per-execution compile-cache work.
+Rows are prepared without I/O in the caller's process, so a bad argument fails before
+anything reaches the database, then written by one statement per chunk on the caller's
+connection (see :mod:`sqla_queue._binds`). A single job takes a shorter road:
+:func:`encode_one` serializes its one row, and :class:`DriverStatement` holds the enqueue
+statement compiled once per dialect, so that each call sends the same text without
+SQLAlchemy's per-execution compile-cache work.
+
+:class:`Enqueuer` owns all of it for one queue: the statement of each shape, their driver
+forms, and the lookup of a task's defaults (:class:`KnownTasks`). The queue makes one and
+hands it to each :class:`~sqla_queue.Task`. This module imports neither of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
-from sqlalchemy.engine import Dialect
+from sqlalchemy import Select
+from sqlalchemy.engine import Connection, CursorResult, Dialect
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from sqla_queue._binds import AnyBind, scalars_each
 from sqla_queue._identifiers import validate_task_name
 from sqla_queue.core.payload import dump_json, encode_json, make_payload
-from sqla_queue.task import EnqueueOptions, JobSpec
+from sqla_queue.errors import UnknownTaskError
+from sqla_queue.models.tables import QueueTables
+from sqla_queue.spec import EnqueueOptions, JobSpec
+from sqla_queue.statements.enqueue import EnqueueParams, EnqueueRow, enqueue_statement
 
 __all__ = [
     "CHUNK_SIZE",
+    "DefaultsLookup",
     "DriverStatement",
+    "Enqueuer",
+    "KnownTasks",
     "TaskDefaults",
     "driver_statement_for",
     "encode_one",
@@ -44,7 +60,63 @@ class TaskDefaults:
         self.max_attempts = max_attempts
 
 
-def _row(spec: JobSpec, defaults: TaskDefaults, seq: int) -> dict[str, Any]:
+#: A task name to its :class:`TaskDefaults`; raises for a name that cannot be enqueued.
+DefaultsLookup = Callable[[str], TaskDefaults]
+
+
+class KnownTasks:
+    """The task names this process may enqueue, with the defaults of their rows.
+
+    A name is known when a handler is registered under it, or when it is declared for
+    producers that do not import the handler; a registered name's defaults win. Names are
+    validated before they are added, so :meth:`lookup` proves a known name valid without
+    matching it again.
+    """
+
+    __slots__ = ("_declared", "_registered")
+
+    def __init__(self) -> None:
+        self._registered: dict[str, TaskDefaults] = {}
+        self._declared: dict[str, TaskDefaults] = {}
+
+    def register(self, name: str, defaults: TaskDefaults) -> None:
+        """Add the defaults of a registered handler (``name`` already validated)."""
+        self._registered[name] = defaults
+
+    def declare(self, name: str, defaults: TaskDefaults) -> None:
+        """Add a name declared without its handler (``name`` already validated)."""
+        self._declared[name] = defaults
+
+    def names(self) -> list[str]:
+        """Every known name, sorted."""
+        return sorted(set(self._registered) | set(self._declared))
+
+    def unknown_message(self, name: str) -> str:
+        """The :class:`~sqla_queue.UnknownTaskError` message for ``name``."""
+        known = self.names()
+        return (
+            f"unknown task {name!r}: it is neither registered with @queue.task nor declared "
+            f"with queue.declare_task(); known tasks: {known or 'none'}"
+        )
+
+    def lookup(self, name: str) -> TaskDefaults:
+        """The defaults of task ``name``; it is the only check a name needs.
+
+        A known name returns at once. Any other value raises what validating it and then
+        looking it up would: :class:`~sqla_queue.InvalidIdentifierError` for an invalid
+        name, :class:`~sqla_queue.UnknownTaskError` for a valid unknown one.
+        """
+        if isinstance(name, str):
+            found = self._registered.get(name)
+            if found is None:
+                found = self._declared.get(name)
+            if found is not None:
+                return found
+        validate_task_name(name)
+        raise UnknownTaskError(self.unknown_message(name))
+
+
+def _row(spec: JobSpec, defaults: TaskDefaults, seq: int) -> EnqueueRow:
     return _fields(spec.task, spec.args, spec.kwargs, spec.options, defaults, seq)
 
 
@@ -55,7 +127,7 @@ def _fields(
     opts: EnqueueOptions,
     defaults: TaskDefaults,
     seq: int,
-) -> dict[str, Any]:
+) -> EnqueueRow:
     return {
         "task": task,
         "payload": make_payload(args, kwargs),
@@ -69,18 +141,19 @@ def _fields(
 
 
 def prepare_rows(
-    specs: Iterable[JobSpec], defaults_for: Any, chunk_size: int = CHUNK_SIZE
+    specs: Iterable[JobSpec], defaults_for: DefaultsLookup, chunk_size: int = CHUNK_SIZE
 ) -> list[str]:
     """Validate and serialize ``specs`` into JSON chunks for the enqueue statement.
 
-    ``defaults_for(name)`` returns the :class:`TaskDefaults` of a task, raising
-    :class:`~sqla_queue.UnknownTaskError` for a name the queue does not know. Every spec is
-    checked before any chunk is returned, so a bad one means nothing is written.
+    ``defaults_for(name)`` returns the :class:`TaskDefaults` of a task and is the name's
+    only check: it raises :class:`~sqla_queue.InvalidIdentifierError` for an invalid name
+    and :class:`~sqla_queue.UnknownTaskError` for one the queue does not know (see
+    :meth:`KnownTasks.lookup`). Every spec is checked before any chunk is returned, so a
+    bad one means nothing is written.
     """
     chunks: list[str] = []
-    batch: list[dict[str, Any]] = []
+    batch: list[EnqueueRow] = []
     for seq, spec in enumerate(specs):
-        validate_task_name(spec.task)
         batch.append(_row(spec, defaults_for(spec.task), seq))
         if len(batch) >= chunk_size:
             chunks.append(_dump_chunk(batch))
@@ -105,7 +178,7 @@ def encode_one(
     return _dump_chunk([_fields(task, args, kwargs, options, defaults, 0)])
 
 
-def _dump_chunk(rows: list[dict[str, Any]]) -> str:
+def _dump_chunk(rows: list[EnqueueRow]) -> str:
     try:
         return encode_json(rows)
     except (TypeError, ValueError):
@@ -113,6 +186,110 @@ def _dump_chunk(rows: list[dict[str, Any]]) -> str:
         for row in rows:
             dump_json(row["payload"], task=row["task"])
         raise
+
+
+class Enqueuer:
+    """Writes jobs of one queue's tables through the caller's Session or Connection.
+
+    It owns the enqueue statement of each shape (for calls with a ``queue_id`` or none),
+    their driver SQL per dialect, and ``defaults``, the lookup of a task's
+    :class:`TaskDefaults` (which also checks the name). Nothing here commits: every write
+    joins the caller's transaction.
+    """
+
+    def __init__(self, tables: QueueTables, *, notify: bool, defaults: DefaultsLookup) -> None:
+        self.tables = tables
+        self.notify = notify
+        self.defaults = defaults
+        # The enqueue statement compiled for each dialect seen and each shape (None: not
+        # served that way).
+        self._driver: dict[tuple[Dialect, bool], DriverStatement | None] = {}
+
+    @cached_property
+    def statements(self) -> dict[bool, Select[int]]:
+        """The enqueue statement by shape: for calls with a ``queue_id`` (True) or none."""
+        return {
+            keyed: enqueue_statement(self.tables, notify=self.notify, keyed=keyed)
+            for keyed in (True, False)
+        }
+
+    def driver_statement(self, connection: Connection, keyed: bool) -> DriverStatement | None:
+        """The enqueue statement as driver SQL for ``connection``, or None to use execute.
+
+        A ``schema_translate_map`` execution option changes the compiled text, so such a
+        connection keeps SQLAlchemy's own execution, which applies it.
+        """
+        if "schema_translate_map" in connection.get_execution_options():
+            return None
+        key = (connection.dialect, keyed)
+        try:
+            return self._driver[key]
+        except KeyError:
+            found = driver_statement_for(self.statements[keyed], connection.dialect)
+            self._driver[key] = found
+            return found
+
+    def execute(self, connection: Connection, rows: str, keyed: bool) -> CursorResult[Any]:
+        """Run the statement of shape ``keyed`` for ``rows`` on ``connection``."""
+        params: EnqueueParams = {"rows": rows}
+        driver = self.driver_statement(connection, keyed)
+        if driver is None:
+            return connection.execute(self.statements[keyed], params)
+        return connection.exec_driver_sql(driver.text, driver.params(params))
+
+    async def execute_async(
+        self, bind: AsyncSession | AsyncConnection, rows: str, keyed: bool
+    ) -> int:
+        """Run the statement of shape ``keyed`` for one job's ``rows``; its id."""
+        params: EnqueueParams = {"rows": rows}
+        connection = await bind.connection() if isinstance(bind, AsyncSession) else bind
+        sync = connection.sync_connection
+        driver = None if sync is None else self.driver_statement(sync, keyed)
+        if driver is None:
+            result = await connection.execute(self.statements[keyed], params)
+        else:
+            result = await connection.exec_driver_sql(driver.text, driver.params(params))
+        return int(result.scalar_one())
+
+    def enqueue_call(
+        self,
+        session: AnyBind,
+        task: str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        options: EnqueueOptions,
+    ) -> int | Coroutine[Any, Any, int]:
+        """One job, as :meth:`enqueue_specs` would write it, on the single-job fast path.
+
+        Same checks in the same order (task name, then the arguments' JSON), same row, same
+        statement; only the statement's execution skips SQLAlchemy's compile-cache lookup
+        where the driver allows (see :class:`DriverStatement`). Returns the job id, or a
+        coroutine of it for async sessions.
+        """
+        rows = encode_one(task, args, kwargs, options, self.defaults(task))
+        keyed = options.queue_id is not None
+        if isinstance(session, AsyncSession | AsyncConnection):
+            return self.execute_async(session, rows, keyed)
+        connection = session.connection() if isinstance(session, Session) else session
+        return int(self.execute(connection, rows, keyed).scalar_one())
+
+    def enqueue_spec(self, session: AnyBind, spec: JobSpec) -> int | Coroutine[Any, Any, int]:
+        """Enqueue one call; the id, or a coroutine of it for async sessions."""
+        return self.enqueue_call(session, spec.task, spec.args, spec.kwargs, spec.options)
+
+    def enqueue_specs(
+        self, session: AnyBind, specs: Iterable[JobSpec]
+    ) -> list[int] | Coroutine[Any, Any, list[int]]:
+        """Validate, serialize and write ``specs``, a few thousand per statement.
+
+        All specs are checked before the first row is written. Returns ids in input order
+        (or a coroutine of them for async sessions).
+        """
+        specs = specs if isinstance(specs, Sequence) else list(specs)
+        chunks = prepare_rows(specs, self.defaults)
+        keyed = any(spec.options.queue_id is not None for spec in specs)
+        params: list[EnqueueParams] = [{"rows": chunk} for chunk in chunks]
+        return scalars_each(session, self.statements[keyed], params)
 
 
 class DriverStatement:

@@ -5,29 +5,28 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
-from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, Unpack, overload
 
-from sqlalchemy import MetaData, Select, select
-from sqlalchemy.engine import Connection, CursorResult, Dialect
+from sqlalchemy import MetaData
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import registry as Registry
 
-from sqla_queue import statements
-from sqla_queue._binds import scalars_each
+from sqla_queue import admin
 from sqla_queue._identifiers import validate_task_name
 from sqla_queue.core.backoff import RetryPolicy
-from sqla_queue.enqueue import (
-    DriverStatement,
-    TaskDefaults,
-    driver_statement_for,
-    encode_one,
-    prepare_rows,
-)
+from sqla_queue.enqueue import Enqueuer, KnownTasks, TaskDefaults
 from sqla_queue.errors import TaskAlreadyRegisteredError, UnknownTaskError
 from sqla_queue.models import DEFAULT_PREFIX, Job, JobExecution, build_tables, map_classes
-from sqla_queue.task import EnqueueOptions, JobSpec, Task, TaskOptions, make_enqueue_options
+from sqla_queue.spec import (
+    OPTION_NAMES,
+    EnqueueKwargs,
+    JobSpec,
+    check_keywords,
+    make_enqueue_options,
+)
+from sqla_queue.task import Task, TaskKwargs, TaskOptions
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import async_sessionmaker
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
 
     from sqla_queue.worker.aio import AsyncWorker
     from sqla_queue.worker.context import JobContext
+    from sqla_queue.worker.plan import WorkerPlan
     from sqla_queue.worker.sync import Worker
 
 __all__ = ["Queue", "TaskLimit"]
@@ -120,10 +120,10 @@ class Queue:
         self.max_attempts = max_attempts
         self.retry = retry or RetryPolicy()
         self._tasks: dict[str, Task[Any, Any]] = {}
-        self._declared: dict[str, TaskDefaults] = {}
-        # The enqueue statement compiled for each dialect seen and each shape (None: not
-        # served that way).
-        self._driver_enqueue: dict[tuple[Dialect, bool], DriverStatement | None] = {}
+        # The names enqueue accepts (registered or declared) and their rows' defaults.
+        self._known = KnownTasks()
+        # Writes every enqueue of this queue; each Task holds it, never the Queue.
+        self._enqueuer = Enqueuer(self.tables, notify=notify, defaults=self._known.lookup)
 
     def __repr__(self) -> str:
         where = f"{self.tables.schema}." if self.tables.schema else ""
@@ -131,6 +131,8 @@ class Queue:
 
     # -- tasks -----------------------------------------------------------------------------
 
+    # The registration keywords are spelled once, in TaskKwargs; only pass_context is
+    # spelled out, because its Literal type selects the overload.
     @overload
     def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
 
@@ -140,14 +142,8 @@ class Queue:
         fn: None = None,
         /,
         *,
-        name: str | None = None,
-        priority: int = 0,
-        max_attempts: int | None = None,
-        retry: RetryPolicy | None = None,
-        lost_interval: float | None = None,
-        max_reclaims: int | None = None,
-        concurrency_limit: int | None = None,
         pass_context: Literal[False] = False,
+        **options: Unpack[TaskKwargs],
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     @overload
@@ -156,14 +152,8 @@ class Queue:
         fn: None = None,
         /,
         *,
-        name: str | None = None,
-        priority: int = 0,
-        max_attempts: int | None = None,
-        retry: RetryPolicy | None = None,
-        lost_interval: float | None = None,
-        max_reclaims: int | None = None,
-        concurrency_limit: int | None = None,
         pass_context: Literal[True],
+        **options: Unpack[TaskKwargs],
     ) -> Callable[[Callable[Concatenate[JobContext[Any], P], R]], Task[P, R]]: ...
 
     def task(
@@ -171,14 +161,8 @@ class Queue:
         fn: Callable[..., Any] | None = None,
         /,
         *,
-        name: str | None = None,
-        priority: int = 0,
-        max_attempts: int | None = None,
-        retry: RetryPolicy | None = None,
-        lost_interval: float | None = None,
-        max_reclaims: int | None = None,
-        concurrency_limit: int | None = None,
         pass_context: bool = False,
+        **options: Unpack[TaskKwargs],
     ) -> Any:
         """Register a ``def`` or ``async def`` handler as a task.
 
@@ -188,7 +172,22 @@ class Queue:
         the handler receives a :class:`~sqla_queue.JobContext` as its first argument.
         ``concurrency_limit=N`` caps the executions running at once across all workers
         (see :meth:`set_limit` to change it at runtime).
+
+        Args:
+            fn: the handler, when used bare.
+            pass_context: pass a :class:`~sqla_queue.JobContext` as the first argument.
+            **options: the keywords of :class:`~sqla_queue.task.TaskKwargs`: ``name``,
+                ``priority`` (default 0), and ``max_attempts``, ``retry``,
+                ``lost_interval``, ``max_reclaims`` (the queue's when not given) and
+                ``concurrency_limit`` (none by default).
         """
+        check_keywords("Queue.task", options, TaskKwargs.__annotations__)
+        name = options.get("name")
+        max_attempts = options.get("max_attempts")
+        retry = options.get("retry")
+        lost_interval = options.get("lost_interval")
+        max_reclaims = options.get("max_reclaims")
+        concurrency_limit = options.get("concurrency_limit")
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
             task_name = validate_task_name(name or f"{func.__module__}.{func.__qualname__}")
@@ -202,18 +201,22 @@ class Queue:
             if lost_interval is not None and lost_interval <= 0:
                 raise ValueError("lost_interval must be positive")
             _check_limit(concurrency_limit, allow_none=True)
-            options = TaskOptions(
+            # Every default is resolved here, once: workers read the task's own values.
+            task_options = TaskOptions(
                 name=task_name,
-                priority=priority,
+                priority=options.get("priority", 0),
                 max_attempts=max_attempts or self.max_attempts,
                 retry=retry or self.retry,
-                lost_interval=lost_interval,
-                max_reclaims=max_reclaims,
+                lost_interval=self.lost_interval if lost_interval is None else lost_interval,
+                max_reclaims=self.max_reclaims if max_reclaims is None else max_reclaims,
                 pass_context=pass_context,
                 concurrency_limit=concurrency_limit,
             )
-            handle: Task[Any, Any] = Task(self, func, options)
+            handle: Task[Any, Any] = Task(self._enqueuer, func, task_options)
             self._tasks[task_name] = handle
+            self._known.register(
+                task_name, TaskDefaults(task_options.priority, task_options.max_attempts)
+            )
             return handle
 
         if fn is not None:
@@ -229,7 +232,7 @@ class Queue:
         still fails at enqueue time instead of leaving a job no worker will ever claim.
         """
         validate_task_name(name)
-        self._declared[name] = TaskDefaults(priority, max_attempts or self.max_attempts)
+        self._known.declare(name, TaskDefaults(priority, max_attempts or self.max_attempts))
 
     @property
     def tasks(self) -> Mapping[str, Task[Any, Any]]:
@@ -241,77 +244,11 @@ class Queue:
         try:
             return self._tasks[name]
         except KeyError:
-            raise UnknownTaskError(self._unknown_message(name)) from None
-
-    def _unknown_message(self, name: str) -> str:
-        known = sorted(set(self._tasks) | set(self._declared))
-        return (
-            f"unknown task {name!r}: it is neither registered with @queue.task nor declared "
-            f"with queue.declare_task(); known tasks: {known or 'none'}"
-        )
+            raise UnknownTaskError(self._known.unknown_message(name)) from None
 
     def _defaults_for(self, name: str) -> TaskDefaults:
-        task = self._tasks.get(name)
-        if task is not None:
-            opts = task.task_options
-            return TaskDefaults(opts.priority, opts.max_attempts)
-        if name in self._declared:
-            return self._declared[name]
-        raise UnknownTaskError(self._unknown_message(name))
-
-    def _checked_defaults(self, name: str) -> TaskDefaults:
-        """``validate_task_name`` then ``_defaults_for``, with the check only when needed.
-
-        Registered and declared names were validated when they were added, so a known name
-        skips the pattern match; any other value raises what the two calls would raise.
-        """
-        if not isinstance(name, str) or (name not in self._tasks and name not in self._declared):
-            validate_task_name(name)
-        return self._defaults_for(name)
-
-    # -- statements ------------------------------------------------------------------------
-
-    @cached_property
-    def _enqueue_statements(self) -> dict[bool, Select[int]]:
-        """The enqueue statement by shape: for calls with a ``queue_id`` (True) or none."""
-        return {
-            keyed: statements.enqueue_statement(self.tables, notify=self.notify, keyed=keyed)
-            for keyed in (True, False)
-        }
-
-    def _driver_statement(self, connection: Connection, keyed: bool) -> DriverStatement | None:
-        """The enqueue statement as driver SQL for ``connection``, or None to use execute.
-
-        A ``schema_translate_map`` execution option changes the compiled text, so such a
-        connection keeps SQLAlchemy's own execution, which applies it.
-        """
-        if "schema_translate_map" in connection.get_execution_options():
-            return None
-        key = (connection.dialect, keyed)
-        try:
-            return self._driver_enqueue[key]
-        except KeyError:
-            found = driver_statement_for(self._enqueue_statements[keyed], connection.dialect)
-            self._driver_enqueue[key] = found
-            return found
-
-    def _execute_enqueue(self, connection: Connection, rows: str, keyed: bool) -> CursorResult[Any]:
-        driver = self._driver_statement(connection, keyed)
-        if driver is None:
-            return connection.execute(self._enqueue_statements[keyed], {"rows": rows})
-        return connection.exec_driver_sql(driver.text, driver.params({"rows": rows}))
-
-    async def _execute_enqueue_async(
-        self, bind: AsyncSession | AsyncConnection, rows: str, keyed: bool
-    ) -> int:
-        connection = await bind.connection() if isinstance(bind, AsyncSession) else bind
-        sync = connection.sync_connection
-        driver = None if sync is None else self._driver_statement(sync, keyed)
-        if driver is None:
-            result = await connection.execute(self._enqueue_statements[keyed], {"rows": rows})
-        else:
-            result = await connection.exec_driver_sql(driver.text, driver.params({"rows": rows}))
-        return int(result.scalar_one())
+        """The row defaults of task ``name``; the name's one check (see ``KnownTasks``)."""
+        return self._known.lookup(name)
 
     # -- enqueue ---------------------------------------------------------------------------
 
@@ -323,11 +260,7 @@ class Queue:
         kwargs: Mapping[str, Any] | None = None,
         *,
         args: Sequence[Any] = (),
-        run_at: dt.datetime | None = None,
-        delay: float | dt.timedelta | None = None,
-        priority: int | None = None,
-        queue_id: str | None = None,
-        max_attempts: int | None = None,
+        **options: Unpack[EnqueueKwargs],
     ) -> int: ...
 
     @overload
@@ -338,11 +271,7 @@ class Queue:
         kwargs: Mapping[str, Any] | None = None,
         *,
         args: Sequence[Any] = (),
-        run_at: dt.datetime | None = None,
-        delay: float | dt.timedelta | None = None,
-        priority: int | None = None,
-        queue_id: str | None = None,
-        max_attempts: int | None = None,
+        **options: Unpack[EnqueueKwargs],
     ) -> Coroutine[Any, Any, int]: ...
 
     def enqueue(
@@ -352,31 +281,23 @@ class Queue:
         kwargs: Mapping[str, Any] | None = None,
         *,
         args: Sequence[Any] = (),
-        run_at: dt.datetime | None = None,
-        delay: float | dt.timedelta | None = None,
-        priority: int | None = None,
-        queue_id: str | None = None,
-        max_attempts: int | None = None,
+        **options: Unpack[EnqueueKwargs],
     ) -> int | Coroutine[Any, Any, int]:
         """Enqueue task ``task`` by name, with keyword arguments ``kwargs``.
 
         For producers that do not import the handler (see :meth:`declare_task`). The
-        per-call options are keyword-only and separate from the task's own arguments.
-        Returns the job id (or a coroutine of it for async sessions).
+        per-call options (those of :class:`~sqla_queue.spec.EnqueueKwargs`: ``run_at``,
+        ``delay``, ``priority``, ``queue_id``, ``max_attempts``) are keyword-only and
+        separate from the task's own arguments. Returns the job id (or a coroutine of it
+        for async sessions).
         """
+        check_keywords("Queue.enqueue", options, OPTION_NAMES)
         if kwargs is not None and not isinstance(kwargs, Mapping):
             raise TypeError(
                 f"kwargs must be a mapping of the task's keyword arguments, got {kwargs!r}"
             )
-        options = make_enqueue_options(
-            run_at=run_at,
-            delay=delay,
-            priority=priority,
-            queue_id=queue_id,
-            max_attempts=max_attempts,
-        )
-        spec = JobSpec(task, tuple(args), dict(kwargs or {}), options)
-        return self.enqueue_spec(session, spec)
+        spec = JobSpec(task, tuple(args), dict(kwargs or {}), make_enqueue_options(**options))
+        return self._enqueuer.enqueue_spec(session, spec)
 
     @overload
     def enqueue_many(
@@ -396,42 +317,17 @@ class Queue:
         ``queue.enqueue_many(session, (send_email.call(to=a) for a in addresses))``. All
         specs are validated before the first row is written. Returns ids in input order.
         """
-        return self.enqueue_specs(session, specs)
+        return self._enqueuer.enqueue_specs(session, specs)
 
     def enqueue_specs(
         self, session: Bind, specs: Iterable[JobSpec]
     ) -> list[int] | Coroutine[Any, Any, list[int]]:
-        """Shared path of every enqueue call: validate, serialize, write (see enqueue_many)."""
-        specs = specs if isinstance(specs, Sequence) else list(specs)
-        chunks = prepare_rows(specs, self._defaults_for)
-        keyed = any(spec.options.queue_id is not None for spec in specs)
-        statement = self._enqueue_statements[keyed]
-        return scalars_each(session, statement, [{"rows": c} for c in chunks])
+        """Shared path of every bulk enqueue: validate, serialize, write (see enqueue_many)."""
+        return self._enqueuer.enqueue_specs(session, specs)
 
     def enqueue_spec(self, session: Bind, spec: JobSpec) -> int | Coroutine[Any, Any, int]:
         """Enqueue one call; the id, or a coroutine of it for async sessions."""
-        return self._enqueue_call(session, spec.task, spec.args, spec.kwargs, spec.options)
-
-    def _enqueue_call(
-        self,
-        session: Bind,
-        task: str,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-        options: EnqueueOptions,
-    ) -> int | Coroutine[Any, Any, int]:
-        """One job, as ``enqueue_specs`` would write it, on the single-job fast path.
-
-        Same checks in the same order (task name, then the arguments' JSON), same row, same
-        statement; only the statement's execution skips SQLAlchemy's compile-cache lookup
-        where the driver allows (see :class:`~sqla_queue.enqueue.DriverStatement`).
-        """
-        rows = encode_one(task, args, kwargs, options, self._checked_defaults(task))
-        keyed = options.queue_id is not None
-        if isinstance(session, AsyncSession | AsyncConnection):
-            return self._execute_enqueue_async(session, rows, keyed)
-        connection = session.connection() if isinstance(session, Session) else session
-        return int(self._execute_enqueue(connection, rows, keyed).scalar_one())
+        return self._enqueuer.enqueue_spec(session, spec)
 
     # -- operations ------------------------------------------------------------------------
 
@@ -471,8 +367,7 @@ class Queue:
         Attempts start over; the error history is kept. Jobs in any other state are left
         alone. Runs in ``session``'s transaction: commit it for the jobs to run.
         """
-        ids = [int(i) for i in job_ids]
-        return scalars_each(session, statements.requeue_statement(self.tables), [{"ids": ids}])
+        return admin.requeue(session, self.tables, job_ids)
 
     @overload
     def prune(
@@ -500,11 +395,9 @@ class Queue:
         Succeeded and cancelled jobs are deleted; failed ones only with
         ``include_failed=True``, since they wait for inspection and requeue.
         """
-        params = {"older_than": older_than.total_seconds(), "include_failed": include_failed}
-        ids = scalars_each(session, statements.prune_statement(self.tables), [params])
-        if isinstance(ids, list):
-            return len(ids)
-        return _count(ids)
+        return admin.prune(
+            session, self.tables, older_than=older_than, include_failed=include_failed
+        )
 
     def set_limit(self, session: Session | Connection, task: str, limit: int | None) -> None:
         """Store the concurrency limit of ``task``, for every worker, without a restart.
@@ -517,32 +410,51 @@ class Queue:
         """
         validate_task_name(task)
         _check_limit(limit, allow_none=True)
-        connection = session.connection() if isinstance(session, Session) else session
-        if limit is None:
-            connection.execute(statements.delete_limit_statement(self.tables), {"task": task})
-        else:
-            connection.execute(
-                statements.set_limit_statement(self.tables),
-                {"task": task, "concurrency_limit": limit},
-            )
+        admin.set_limit(session, self.tables, task, limit)
 
     def limits(self, session: Session | Connection) -> dict[str, TaskLimit]:
         """Every limit that applies: declared in code, stored in the database, or both."""
-        connection = session.connection() if isinstance(session, Session) else session
-        stored = dict(
-            connection.execute(
-                select(self.tables.limits.c.task, self.tables.limits.c.concurrency_limit)
-            ).all()
-        )
-        declared = {
-            name: t.task_options.concurrency_limit
-            for name, t in self._tasks.items()
-            if t.task_options.concurrency_limit is not None
-        }
+        stored = admin.stored_limits(session, self.tables)
+        declared = self.worker_plan().declared_limits if self._tasks else {}
         return {
             name: TaskLimit(name, declared.get(name), stored.get(name))
             for name in sorted(set(stored) | set(declared))
         }
+
+    def worker_plan(self, tasks: Sequence[str] | None = None) -> WorkerPlan:
+        """What a worker serving ``tasks`` (default: every registered task) needs, resolved.
+
+        The plan holds the tables, the notify flag, the queue-wide defaults, and per task a
+        :class:`~sqla_queue.worker.plan.TaskRuntime` with its handler and settled defaults.
+        Raises :class:`UnknownTaskError` for a name that is not registered, or when there
+        is no task to serve.
+        """
+        from sqla_queue.worker.plan import TaskRuntime, WorkerPlan
+
+        names = list(self._tasks) if tasks is None else list(tasks)
+        if not names:
+            raise UnknownTaskError("this worker has no tasks: register one with @queue.task")
+        runtimes: dict[str, TaskRuntime] = {}
+        for name in names:
+            task = self.get_task(name)
+            opts = task.task_options
+            runtimes[name] = TaskRuntime(
+                name=name,
+                handler=task.fn,
+                is_async=task.is_async,
+                pass_context=opts.pass_context,
+                max_attempts=opts.max_attempts,
+                retry=opts.retry,
+                lease=opts.lost_interval,
+                max_reclaims=opts.max_reclaims,
+                declared_limit=opts.concurrency_limit,
+            )
+        return WorkerPlan(
+            tables=self.tables,
+            notify=self.notify,
+            default_lease=self.lost_interval,
+            tasks=runtimes,
+        )
 
     def worker(self, session_factory: sessionmaker[Session], **settings: Any) -> Worker:
         """A worker that runs handlers in threads, from the app's own ``sessionmaker``.
@@ -553,7 +465,8 @@ class Queue:
         from sqla_queue.worker.settings import WorkerSettings
         from sqla_queue.worker.sync import Worker
 
-        return Worker(self, session_factory, WorkerSettings(**settings))
+        worker_settings = WorkerSettings(**settings)
+        return Worker(self.worker_plan(worker_settings.tasks), session_factory, worker_settings)
 
     def async_worker(
         self, session_factory: async_sessionmaker[AsyncSession], **settings: Any
@@ -562,7 +475,9 @@ class Queue:
         from sqla_queue.worker.aio import AsyncWorker
         from sqla_queue.worker.settings import WorkerSettings
 
-        return AsyncWorker(self, session_factory, WorkerSettings(**settings))
+        worker_settings = WorkerSettings(**settings)
+        plan = self.worker_plan(worker_settings.tasks)
+        return AsyncWorker(plan, session_factory, worker_settings)
 
 
 def _check_limit(limit: int | None, *, allow_none: bool) -> None:
@@ -570,7 +485,3 @@ def _check_limit(limit: int | None, *, allow_none: bool) -> None:
         return
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"a concurrency limit must be a whole number >= 1, got {limit!r}")
-
-
-async def _count(ids: Coroutine[Any, Any, list[int]]) -> int:
-    return len(await ids)

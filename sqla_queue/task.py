@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import inspect
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Generic, ParamSpec, TypedDict, TypeVar, Unpack, overload
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from sqla_queue.core.backoff import RetryPolicy
+from sqla_queue.enqueue import Enqueuer
+from sqla_queue.spec import (
+    OPTION_NAMES,
+    EnqueueKwargs,
+    EnqueueOptions,
+    JobSpec,
+    check_keywords,
+    make_enqueue_options,
+)
 
-if TYPE_CHECKING:
-    from sqla_queue.queue import Queue
-
-__all__ = ["EnqueueOptions", "JobSpec", "Task", "TaskOptions"]
+__all__ = ["Task", "TaskKwargs", "TaskOptions"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -29,16 +34,20 @@ AsyncBind = AsyncSession | AsyncConnection
 
 @dataclass(frozen=True)
 class TaskOptions:
-    """How a task runs. Set with ``@queue.task(...)``; the queue's defaults fill the rest."""
+    """How a task runs. Set with ``@queue.task(...)``; the queue's defaults fill the rest.
+
+    Every default is resolved at registration: a value the task does not give is the
+    queue's.
+    """
 
     name: str
     priority: int = 0
     max_attempts: int = 1
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     #: Seconds without a heartbeat after which a running execution counts as lost.
-    lost_interval: float | None = None
+    lost_interval: float = 30.0
     #: How often a job may be lost (its worker died) before it is failed instead.
-    max_reclaims: int | None = None
+    max_reclaims: int = 3
     #: Pass a :class:`~sqla_queue.JobContext` as the handler's first argument.
     pass_context: bool = False
     #: At most this many executions of the task run at once, across all workers. The
@@ -46,68 +55,20 @@ class TaskOptions:
     concurrency_limit: int | None = None
 
 
-@dataclass(frozen=True)
-class EnqueueOptions:
-    """Per-call options. They live apart from the task's arguments so names never collide.
+class TaskKwargs(TypedDict, total=False):
+    """The registration keywords of ``@queue.task(...)``, apart from ``pass_context``.
 
-    ``run_at`` is an aware datetime; ``delay`` is seconds (or a timedelta) counted on the
-    database clock from the enqueueing statement. Give at most one of them.
+    ``None`` (or leaving one out) takes the queue's default; see :class:`TaskOptions`.
     """
 
-    run_at: dt.datetime | None = None
-    delay: float | None = None
-    priority: int | None = None
-    queue_id: str | None = None
-    max_attempts: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.run_at is not None and self.delay is not None:
-            raise ValueError("give run_at or delay, not both")
-        if self.run_at is not None and self.run_at.tzinfo is None:
-            raise ValueError("run_at must be timezone-aware (for example datetime.now(UTC))")
-        if self.delay is not None and self.delay < 0:
-            raise ValueError("delay cannot be negative")
-        if self.max_attempts is not None and self.max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
-        if self.queue_id is not None and (not isinstance(self.queue_id, str) or not self.queue_id):
-            raise ValueError("queue_id must be a non-empty string")
-
-    def merged(self, other: EnqueueOptions) -> EnqueueOptions:
-        """These options with every field that ``other`` sets taken from ``other``."""
-        changes = {k: v for k, v in vars(other).items() if v is not None}
-        # run_at and delay are two spellings of one setting: the newer one replaces both.
-        if other.run_at is not None:
-            changes["delay"] = None
-        elif other.delay is not None:
-            changes["run_at"] = None
-        return replace(self, **changes)
-
-
-def make_enqueue_options(
-    *,
-    run_at: dt.datetime | None = None,
-    delay: float | dt.timedelta | None = None,
-    priority: int | None = None,
-    queue_id: str | None = None,
-    max_attempts: int | None = None,
-) -> EnqueueOptions:
-    """Validate per-call options, accepting a ``timedelta`` for ``delay``."""
-    seconds = delay.total_seconds() if isinstance(delay, dt.timedelta) else delay
-    return EnqueueOptions(run_at, seconds, priority, queue_id, max_attempts)
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """One call to enqueue: a task name, its arguments and per-call options.
-
-    Build them with :meth:`Task.call` (or directly, by name) for
-    :meth:`~sqla_queue.Queue.enqueue_many`.
-    """
-
-    task: str
-    args: Sequence[Any] = ()
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-    options: EnqueueOptions = field(default_factory=EnqueueOptions)
+    #: The stored name; ``module.qualname`` of the function when not given.
+    name: str | None
+    priority: int
+    max_attempts: int | None
+    retry: RetryPolicy | None
+    lost_interval: float | None
+    max_reclaims: int | None
+    concurrency_limit: int | None
 
 
 class Task(Generic[P, R]):
@@ -119,12 +80,13 @@ class Task(Generic[P, R]):
 
     def __init__(
         self,
-        queue: Queue,
+        enqueuer: Enqueuer,
         fn: Callable[..., Any],
         options: TaskOptions,
         call_options: EnqueueOptions | None = None,
     ) -> None:
-        self.queue = queue
+        #: Writes this task's jobs (the queue's one :class:`~sqla_queue.enqueue.Enqueuer`).
+        self.enqueuer = enqueuer
         self.fn = fn
         self.task_options = options
         self.call_options = call_options or EnqueueOptions()
@@ -153,28 +115,16 @@ class Task(Generic[P, R]):
         result: R = self.fn(*args, **kwargs)
         return result
 
-    def options(
-        self,
-        *,
-        run_at: dt.datetime | None = None,
-        delay: float | dt.timedelta | None = None,
-        priority: int | None = None,
-        queue_id: str | None = None,
-        max_attempts: int | None = None,
-    ) -> Task[P, R]:
+    def options(self, **options: Unpack[EnqueueKwargs]) -> Task[P, R]:
         """A copy of this handle whose enqueues use these per-call options.
 
         ``send_email.options(delay=60, queue_id="account-42").enqueue(session, to=...)``.
-        The original handle is unchanged; calls chain and later values win.
+        The options are those of :class:`~sqla_queue.spec.EnqueueKwargs`. The original
+        handle is unchanged; calls chain and later values win.
         """
-        extra = make_enqueue_options(
-            run_at=run_at,
-            delay=delay,
-            priority=priority,
-            queue_id=queue_id,
-            max_attempts=max_attempts,
-        )
-        return Task(self.queue, self.fn, self.task_options, self.call_options.merged(extra))
+        check_keywords("Task.options", options, OPTION_NAMES)
+        extra = make_enqueue_options(**options)
+        return Task(self.enqueuer, self.fn, self.task_options, self.call_options.merged(extra))
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> JobSpec:
         """Describe one call for :meth:`~sqla_queue.Queue.enqueue_many`, without writing it."""
@@ -198,4 +148,4 @@ class Task(Generic[P, R]):
         transaction commits. Arguments must be JSON-serializable.
         """
         # The call's parts go straight to the single-job path: no JobSpec in between.
-        return self.queue._enqueue_call(session, self.name, args, kwargs, self.call_options)
+        return self.enqueuer.enqueue_call(session, self.name, args, kwargs, self.call_options)

@@ -144,15 +144,13 @@ def _failed(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from sqla_queue.statements import failed_jobs_statement
+    from sqla_queue.admin import failed_jobs
 
     queue = load_queue(args.queue)
     engine = create_engine(database_url(args.url))
     try:
         with engine.connect() as connection:
-            rows = connection.execute(
-                failed_jobs_statement(queue.tables), {"limit": args.limit}
-            ).all()
+            rows = failed_jobs(connection, queue.tables, limit=args.limit)
     finally:
         engine.dispose()
     table = Table("id", "task", "attempts", "failed at", "last error")

@@ -11,20 +11,25 @@ import enum
 import traceback
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import Any, TypedDict
 
 from sqla_queue.core.backoff import RetryPolicy
+from sqla_queue.core.payload import encode_json
 
 __all__ = [
     "ClaimedJob",
     "Outcome",
     "OutcomeKind",
+    "OutcomeRow",
     "Reschedule",
     "Retry",
     "error_entry",
     "outcome_for_error",
     "outcome_for_return",
     "outcome_lost_too_often",
+    "outcome_refused",
+    "outcomes_json",
 ]
 
 _MAX_TRACEBACK = 16_000
@@ -41,6 +46,37 @@ class OutcomeKind(enum.StrEnum):
     RESCHEDULE = "reschedule"
     #: Unfinished at shutdown: back to pending now, the attempt not counted.
     RELEASE = "release"
+
+    @classmethod
+    def final(cls) -> tuple[OutcomeKind, ...]:
+        """Kinds that end the job: the execution goes, the job keeps its final status."""
+        return (cls.SUCCEEDED, cls.FAILED)
+
+    @classmethod
+    def back_to_pending(cls) -> tuple[OutcomeKind, ...]:
+        """Kinds that put the execution back in the queue for another run."""
+        return (cls.RETRY, cls.RESCHEDULE, cls.RELEASE)
+
+    @classmethod
+    def recorded(cls) -> tuple[OutcomeKind, ...]:
+        """Kinds written to the job's row (status, result, error history, attempts)."""
+        return (cls.SUCCEEDED, cls.FAILED, cls.RETRY)
+
+
+class OutcomeRow(TypedDict):
+    """One element of the completion statement's ``outcomes`` JSON array.
+
+    Its keys are the columns that :func:`~sqla_queue.statements.complete_statement` reads
+    with ``jsonb_to_recordset`` (``OUTCOME_COLUMNS``); a unit test holds the two together.
+    """
+
+    id: int
+    attempt: int
+    kind: str
+    result: Any
+    error: dict[str, Any] | None
+    execute_at: str | None
+    delay: float | None
 
 
 def _seconds(value: float | dt.timedelta | None) -> float | None:
@@ -117,17 +153,31 @@ class Outcome:
     delay: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def as_row(self) -> dict[str, Any]:
+    def as_row(self) -> OutcomeRow:
         """The JSON object this outcome contributes to the completion batch."""
-        return {
-            "id": self.job_id,
-            "attempt": self.attempt,
-            "kind": self.kind.value,
-            "result": self.result,
-            "error": self.error,
-            "execute_at": self.execute_at.isoformat() if self.execute_at else None,
-            "delay": self.delay,
-        }
+        return OutcomeRow(
+            id=self.job_id,
+            attempt=self.attempt,
+            kind=self.kind.value,
+            result=self.result,
+            error=self.error,
+            execute_at=self.execute_at.isoformat() if self.execute_at else None,
+            delay=self.delay,
+        )
+
+    @cached_property
+    def encoded(self) -> str:
+        """:meth:`as_row` as JSON text, encoded once (by the handler's thread).
+
+        Raises ``TypeError``/``ValueError`` for a result JSON cannot hold; the worker
+        stores a stand-in for such a result instead (see :mod:`sqla_queue.worker.handlers`).
+        """
+        return encode_json(self.as_row())
+
+
+def outcomes_json(outcomes: list[Outcome]) -> str:
+    """The completion's ``outcomes`` parameter: each outcome's :attr:`~Outcome.encoded` row."""
+    return "[" + ",".join(o.encoded for o in outcomes) + "]"
 
 
 def error_entry(
@@ -176,6 +226,19 @@ def outcome_for_error(
         )
     return Outcome(
         job.id, job.attempt, OutcomeKind.RETRY, error=error, delay=policy.delay(job.attempt)
+    )
+
+
+def outcome_refused(
+    job: ClaimedJob, exc: BaseException, *, worker_id: uuid.UUID, now: dt.datetime
+) -> Outcome:
+    """A final failure for a claimed row that cannot be run at all (no retry).
+
+    For rows no handler can take: a job row deleted by hand, an unknown task, a payload
+    of the wrong shape. Running them again would fail the same way.
+    """
+    return Outcome(
+        job.id, job.attempt, OutcomeKind.FAILED, error=error_entry(job, exc, worker_id, now)
     )
 
 

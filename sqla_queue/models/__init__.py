@@ -8,6 +8,7 @@ from sqla_queue.models.tables import (
     JobStatus,
     QueueTables,
     build_tables,
+    parse_schema_version_comment,
     schema_version_comment,
 )
 
@@ -21,5 +22,6 @@ __all__ = [
     "QueueTables",
     "build_tables",
     "map_classes",
+    "parse_schema_version_comment",
     "schema_version_comment",
 ]

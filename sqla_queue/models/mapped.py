@@ -51,6 +51,7 @@ class JobExecution:
     worker_id: uuid.UUID | None
     alive_at: dt.datetime | None
     lease_seconds: float | None
+    slot: int | None
 
     def __repr__(self) -> str:
         return f"<JobExecution id={self.id} task={self.task!r} state={self.state!r}>"

@@ -10,6 +10,7 @@ keeps their cost (and vacuum's) independent of how much history ``jobs`` holds.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from sqlalchemy import (
@@ -39,6 +40,7 @@ __all__ = [
     "JobStatus",
     "QueueTables",
     "build_tables",
+    "parse_schema_version_comment",
     "schema_version_comment",
 ]
 
@@ -48,7 +50,10 @@ DEFAULT_PREFIX = "sqla_queue_"
 #: ``alembic_ext`` so that an old migration never changes meaning.
 SCHEMA_VERSION = 3
 
+# How the executions table's comment records the schema version, written and read here only.
 _VERSION_COMMENT = "sqla_queue schema version {}"
+_VERSION_ANYWHERE = re.compile(r"sqla_queue schema version (\d+)")
+_VERSION_EXACT = re.compile(rf"^{_VERSION_ANYWHERE.pattern}$")
 
 
 class JobStatus:
@@ -82,6 +87,19 @@ class ExecutionState:
 def schema_version_comment(version: int) -> str:
     """The table comment that records the schema version on ``job_executions``."""
     return _VERSION_COMMENT.format(version)
+
+
+def parse_schema_version_comment(comment: str | None, *, anywhere: bool = False) -> int | None:
+    """The schema version that a ``job_executions`` table comment records, else ``None``.
+
+    The inverse of :func:`schema_version_comment`. By default the comment must be exactly
+    what that function writes (as Alembic's autogenerate sees it on a table it drops);
+    ``anywhere=True`` also finds the marker inside a longer comment (as the startup check
+    reads it from the catalog).
+    """
+    pattern = _VERSION_ANYWHERE if anywhere else _VERSION_EXACT
+    match = pattern.search(comment or "")
+    return int(match.group(1)) if match else None
 
 
 @dataclass(frozen=True)

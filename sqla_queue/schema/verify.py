@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, Text, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from sqla_queue.errors import SchemaMismatchError
-from sqla_queue.models.tables import SCHEMA_VERSION, QueueTables
+from sqla_queue.models.tables import SCHEMA_VERSION, QueueTables, parse_schema_version_comment
 from sqla_queue.schema.manifest import (
     RequiredObject,
     constraint_kind,
@@ -63,8 +62,6 @@ CATALOG_QUERY = text(
     bindparam("schema", type_=Text),
     bindparam("tables", type_=ARRAY(Text)),
 )
-
-_VERSION = re.compile(r"sqla_queue schema version (\d+)")
 
 
 @dataclass(frozen=True)
@@ -137,8 +134,8 @@ def inspect_schema(connection: Connection, tables: QueueTables) -> SchemaReport:
     for kind, tbl, name, detail in rows:
         if kind == "comment":
             if tbl == tables.executions.name:
-                match = _VERSION.search(detail or "")
-                version = int(match.group(1)) if match else 0
+                recorded = parse_schema_version_comment(detail, anywhere=True)
+                version = 0 if recorded is None else recorded
             continue
         found[(kind, tbl, name)] = _found_shape(kind, detail)
     missing: list[RequiredObject] = []

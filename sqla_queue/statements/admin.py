@@ -1,8 +1,13 @@
-"""Operator statements: requeue failed jobs, list them, prune finished ones."""
+"""Operator statements: requeue failed jobs, list them, prune finished ones.
+
+Each builder has a ``TypedDict`` next to it naming its parameters: the one contract between
+the statement's bound names and the Python that executes it (:mod:`sqla_queue.admin`). A
+unit test compiles each statement and checks its bound names against these keys.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import (
     BigInteger,
@@ -25,15 +30,45 @@ from sqlalchemy.sql.dml import ReturningDelete
 from sqla_queue.models.tables import JobStatus, QueueTables
 from sqla_queue.statements._common import FAILED, PENDING, QUEUED, seconds, state_literal
 
-__all__ = ["failed_jobs_statement", "prune_statement", "requeue_statement"]
+__all__ = [
+    "FailedJobsParams",
+    "PruneParams",
+    "RequeueParams",
+    "failed_jobs_statement",
+    "prune_statement",
+    "requeue_statement",
+]
+
+
+class RequeueParams(TypedDict):
+    """Parameters of :func:`requeue_statement`."""
+
+    #: The jobs to requeue (``bigint[]``).
+    ids: list[int]
+
+
+class FailedJobsParams(TypedDict):
+    """Parameters of :func:`failed_jobs_statement`."""
+
+    #: How many jobs to list at most.
+    limit: int
+
+
+class PruneParams(TypedDict):
+    """Parameters of :func:`prune_statement`."""
+
+    #: Minimum age, in seconds since ``finished_at``, of the jobs to delete.
+    older_than: float
+    #: Whether failed jobs go too.
+    include_failed: bool
 
 
 def requeue_statement(tables: QueueTables) -> Select[int]:
     """Put failed or cancelled jobs back in the queue with a fresh set of attempts.
 
-    Parameter ``ids`` (bigint[]). Jobs in any other state are left alone, so requeueing
-    twice, or requeueing a job that is still queued, never creates a second execution.
-    Their error history is kept. Returns the ids that were requeued.
+    Parameters: :class:`RequeueParams`, the ids (bigint[]). Jobs in any other state are
+    left alone, so requeueing twice, or requeueing a job that is still queued, never creates
+    a second execution. Their error history is kept. Returns the ids that were requeued.
     """
     jobs = tables.jobs
     ex = tables.executions
@@ -67,7 +102,7 @@ def requeue_statement(tables: QueueTables) -> Select[int]:
 
 
 def failed_jobs_statement(tables: QueueTables) -> Select[*tuple[Any, ...]]:
-    """The most recently failed jobs, newest first. Parameter ``limit`` (int)."""
+    """The most recently failed jobs, newest first. Parameters: :class:`FailedJobsParams`."""
     jobs = tables.jobs
     return (
         select(
@@ -84,10 +119,10 @@ def failed_jobs_statement(tables: QueueTables) -> Select[*tuple[Any, ...]]:
 
 
 def prune_statement(tables: QueueTables) -> ReturningDelete[int]:
-    """Delete finished jobs older than ``older_than`` seconds (parameter ``older_than``).
+    """Delete finished jobs older than ``older_than`` seconds; returns their ids.
 
-    Only succeeded and cancelled jobs go; failed ones stay for inspection unless the
-    ``include_failed`` parameter is true.
+    Parameters: :class:`PruneParams`. Only succeeded and cancelled jobs go; failed ones stay
+    for inspection unless ``include_failed`` is true.
     """
     jobs = tables.jobs
     age = seconds(bindparam("older_than", type_=Double))

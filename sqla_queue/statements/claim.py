@@ -15,7 +15,8 @@ only look cheaper under stale statistics.
 
 from __future__ import annotations
 
-from typing import Any
+import uuid
+from typing import Any, TypedDict
 
 from sqlalchemy import (
     CTE,
@@ -46,7 +47,30 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements._common import ONE, PENDING, RUNNING
 
-__all__ = ["claim_statement"]
+__all__ = ["ClaimParams", "LimitedClaimParams", "claim_statement"]
+
+
+class ClaimParams(TypedDict):
+    """Parameters of the plain claim (``claim_statement(tables)``)."""
+
+    #: The worker's task names.
+    tasks: list[str]
+    #: Most executions to take; rendered into the text (one prepared statement per size).
+    batch: int
+    worker: uuid.UUID
+    #: The queue's lost interval in seconds, for tasks without their own.
+    lease: float
+    #: JSON object: task name -> its own lost interval, for tasks whose lease differs.
+    lease_map: str
+
+
+class LimitedClaimParams(ClaimParams):
+    """Parameters of the slot-aware claim (``claim_statement(tables, limited=True)``)."""
+
+    #: JSON object: task name -> concurrency limit declared in code.
+    limit_map: str
+    #: A random non-negative int, new for each claim: where the free-seat search starts.
+    seat_offset: int
 
 
 def _batch_size() -> Any:

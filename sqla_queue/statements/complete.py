@@ -9,6 +9,9 @@ fenced off.
 
 from __future__ import annotations
 
+import uuid
+from typing import TypedDict
+
 from sqlalchemy import (
     BigInteger,
     CompoundSelect,
@@ -45,11 +48,28 @@ from sqla_queue.statements._common import (
     still_running,
 )
 
-__all__ = ["complete_statement"]
+__all__ = ["OUTCOME_COLUMNS", "CompleteParams", "complete_statement"]
 
-_FINAL = (OutcomeKind.SUCCEEDED, OutcomeKind.FAILED)
-_REQUEUE = (OutcomeKind.RETRY, OutcomeKind.RESCHEDULE, OutcomeKind.RELEASE)
-_RECORDED = (OutcomeKind.SUCCEEDED, OutcomeKind.FAILED, OutcomeKind.RETRY)
+
+class CompleteParams(TypedDict):
+    """Parameters of the completion."""
+
+    #: JSON array of :class:`~sqla_queue.core.outcomes.OutcomeRow` objects.
+    outcomes: str
+    worker: uuid.UUID
+
+
+#: The columns read from each ``outcomes`` element, with their SQL types: the keys of
+#: :class:`~sqla_queue.core.outcomes.OutcomeRow`, in order.
+OUTCOME_COLUMNS = (
+    column("id", BigInteger),
+    column("attempt", Integer),
+    column("kind", Text),
+    column("result", JSONB),
+    column("error", JSONB),
+    column("execute_at", DateTime(timezone=True)),
+    column("delay", Double),
+)
 
 
 def _kinds(kinds: tuple[OutcomeKind, ...]) -> list[object]:
@@ -70,15 +90,7 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
     jobs = tables.jobs
     rows = (
         func.jsonb_to_recordset(cast(bindparam("outcomes", type_=Text), JSONB))
-        .table_valued(
-            column("id", BigInteger),
-            column("attempt", Integer),
-            column("kind", Text),
-            column("result", JSONB),
-            column("error", JSONB),
-            column("execute_at", DateTime(timezone=True)),
-            column("delay", Double),
-        )
+        .table_valued(*OUTCOME_COLUMNS)
         .render_derived(name="r", with_types=True)
     )
     # Parsed once: inlined, the JSON would be re-read for every row it is joined with.
@@ -90,7 +102,7 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
         ex.c.worker_id == worker,
         still_running(ex.c.state),
     )
-    final = outcome.c.kind.in_(_kinds(_FINAL))
+    final = outcome.c.kind.in_(_kinds(OutcomeKind.final()))
     finished = (
         delete(ex).where(fence, final, ex.c.queue_id.is_(None)).returning(ex.c.id).cte("finished")
     )
@@ -112,7 +124,7 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
     )
     requeued = (
         update(ex)
-        .where(fence, outcome.c.kind.in_(_kinds(_REQUEUE)))
+        .where(fence, outcome.c.kind.in_(_kinds(OutcomeKind.back_to_pending())))
         .values(
             state=PENDING,
             worker_id=null(),
@@ -136,7 +148,7 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
         .where(
             jobs.c.id == outcome.c.id,
             jobs.c.id.in_(applied),
-            kind.in_(_kinds(_RECORDED)),
+            kind.in_(_kinds(OutcomeKind.recorded())),
         )
         .values(
             status=case(

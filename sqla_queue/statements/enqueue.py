@@ -7,7 +7,7 @@ costs one round trip.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import (
     DateTime,
@@ -32,25 +32,57 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements._common import ONE, PENDING, RUNNING, WAITING, seconds
 
-__all__ = ["ENQUEUE_ROW_FIELDS", "enqueue_statement"]
+__all__ = ["ENQUEUE_ROW_FIELDS", "EnqueueParams", "EnqueueRow", "enqueue_statement"]
 
-#: Keys of each JSON object in the ``rows`` parameter.
-ENQUEUE_ROW_FIELDS = (
-    "task",
-    "payload",
-    "priority",
-    "queue_id",
-    "max_attempts",
-    "run_at",
-    "delay",
-    "seq",
+
+class EnqueueRow(TypedDict):
+    """One JSON object of the ``rows`` parameter: one job to write.
+
+    Its keys are :data:`ENQUEUE_ROW_FIELDS` (a unit test holds the two together).
+    """
+
+    task: str
+    #: ``{"args": [...], "kwargs": {...}}``, stored as the job's payload.
+    payload: dict[str, Any]
+    priority: int
+    queue_id: str | None
+    max_attempts: int
+    #: An ISO 8601 timestamp with its offset; wins over ``delay``.
+    run_at: str | None
+    #: Seconds from the statement's clock (``now()``).
+    delay: float | None
+    #: The row's place in its call: ids follow it.
+    seq: int
+
+
+class EnqueueParams(TypedDict):
+    """The parameters of :func:`enqueue_statement`."""
+
+    #: JSON text: a list of :class:`EnqueueRow` objects.
+    rows: str
+
+
+#: The SQL type each row field is read as, in the record definition of ``rows``.
+_ROW_COLUMNS: tuple[tuple[str, Any], ...] = (
+    ("task", Text),
+    ("payload", JSONB),
+    ("priority", Integer),
+    ("queue_id", Text),
+    ("max_attempts", Integer),
+    ("run_at", DateTime(timezone=True)),
+    ("delay", Double),
+    ("seq", Integer),
 )
+
+#: Keys of each JSON object in the ``rows`` parameter: the columns the statement reads.
+ENQUEUE_ROW_FIELDS = tuple(name for name, _ in _ROW_COLUMNS)
 
 
 def enqueue_statement(tables: QueueTables, *, notify: bool, keyed: bool = True) -> Select[int]:
     """Build the enqueue statement.
 
-    Parameter ``rows``: JSON text, a list of objects with :data:`ENQUEUE_ROW_FIELDS`.
+    Parameters: :class:`EnqueueParams`; ``rows`` is JSON text, a list of
+    :class:`EnqueueRow` objects (keys :data:`ENQUEUE_ROW_FIELDS`).
     ``run_at`` (an ISO timestamp) wins over ``delay`` (seconds on the database clock);
     ``seq`` numbers the rows so ids follow the caller's order.
     Returns the new job ids in the order of ``rows``.
@@ -69,16 +101,7 @@ def enqueue_statement(tables: QueueTables, *, notify: bool, keyed: bool = True) 
     ex = tables.executions
     source = (
         func.jsonb_to_recordset(cast(bindparam("rows", type_=Text), JSONB))
-        .table_valued(
-            column("task", Text),
-            column("payload", JSONB),
-            column("priority", Integer),
-            column("queue_id", Text),
-            column("max_attempts", Integer),
-            column("run_at", DateTime(timezone=True)),
-            column("delay", Double),
-            column("seq", Integer),
-        )
+        .table_valued(*(column(name, type_) for name, type_ in _ROW_COLUMNS))
         .render_derived(name="r", with_types=True)
     )
     execute_at = func.coalesce(

@@ -25,7 +25,7 @@ these three paths rule that out.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import (
     CTE,
@@ -50,11 +50,37 @@ from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements._common import DONE, ONE, PENDING, RUNNING, WAITING
 
 __all__ = [
+    "CleanupParams",
+    "KeysParams",
+    "SweepParams",
     "cleanup_statement",
     "clear_done_statement",
     "orphan_sweep_statement",
     "promote_statement",
 ]
+
+
+class KeysParams(TypedDict):
+    """Parameters of :func:`clear_done_statement` and :func:`promote_statement`."""
+
+    #: The ``queue_id`` values owed a promotion.
+    keys: list[str]
+
+
+class CleanupParams(TypedDict):
+    """Parameters of :func:`cleanup_statement`."""
+
+    #: Most parked executions deleted by one sweep (rendered into the text).
+    limit: int
+
+
+class SweepParams(TypedDict):
+    """Parameters of :func:`orphan_sweep_statement`."""
+
+    #: Resume after this key (``""``: from the start).
+    after: str
+    #: Most waiting keys visited by one sweep (rendered into the text).
+    limit: int
 
 
 def _first_waiting(tables: QueueTables, keys: Any) -> Any:

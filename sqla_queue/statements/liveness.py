@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import uuid
+from typing import Any, TypedDict
 
 from sqlalchemy import (
     BigInteger,
@@ -22,7 +23,22 @@ from sqlalchemy.sql.dml import ReturningUpdate
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements._common import PENDING, RUNNING, seconds, still_running
 
-__all__ = ["heartbeat_statement", "reclaim_statement"]
+__all__ = ["HeartbeatParams", "ReclaimParams", "heartbeat_statement", "reclaim_statement"]
+
+
+class HeartbeatParams(TypedDict):
+    """Parameters of the heartbeat: the (id, attempt) pairs held, as two arrays."""
+
+    worker: uuid.UUID
+    ids: list[int]
+    attempts: list[int]
+
+
+class ReclaimParams(TypedDict):
+    """Parameters of the reclaim sweep."""
+
+    #: Executions the sweeping worker runs itself: never reclaimed by it.
+    held: list[int]
 
 
 def heartbeat_statement(tables: QueueTables) -> ReturningUpdate[int]:

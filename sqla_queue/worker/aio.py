@@ -13,20 +13,13 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
+from sqla_queue.schema.verify import verify_schema
+from sqla_queue.worker.actions import Claim, Flush, Maintain, Stop, Wait, Work, claims
 from sqla_queue.worker.background import sync_engine_from_url
 from sqla_queue.worker.base import RunStats, WorkerBase, bound_engine
-from sqla_queue.worker.core import (
-    Claim,
-    Flush,
-    Maintain,
-    Stop,
-    Wait,
-    Work,
-    WorkerCore,
-    _Running,
-    claims,
-)
-from sqla_queue.worker.handlers import HandlerPool, run_async_handler, run_sync_handler
+from sqla_queue.worker.core import ContextFactory, WorkerCore
+from sqla_queue.worker.handlers import HandlerPool, HandlerRunner, RunningJob
+from sqla_queue.worker.plan import WorkerPlan
 from sqla_queue.worker.raw import (
     RawStatements,
     driver_error,
@@ -49,11 +42,11 @@ class AsyncWorker(WorkerBase):
 
     def __init__(
         self,
-        queue: Any,
+        plan: WorkerPlan,
         session_factory: async_sessionmaker[AsyncSession],
         settings: WorkerSettings,
     ) -> None:
-        super().__init__(queue, session_factory, settings)
+        super().__init__(plan, session_factory, settings)
         self.engine: AsyncEngine = bound_engine(session_factory)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._raw = raw_statements_for(self.engine.dialect, enabled=settings.raw_statements)
@@ -86,7 +79,7 @@ class AsyncWorker(WorkerBase):
         for attempt in itertools.count(1):
             try:
                 async with self.engine.connect() as check:
-                    await check.run_sync(self.queue.verify)
+                    await check.run_sync(verify_schema, self.plan.tables)
                 return
             except DBAPIError as exc:
                 delay = self._verify_retry_delay(exc, attempt)
@@ -101,8 +94,9 @@ class AsyncWorker(WorkerBase):
             core, heartbeat_engine, self.engine.url
         )
         make_context = self._make_context(core)
+        runner = self._runner(core)
         connection: AsyncConnection | None = None
-        log.info("async worker %s started: tasks %s", core.worker_id, sorted(core.tasks))
+        log.info("async worker %s started: tasks %s", core.worker_id, self.plan.task_names)
         try:
             while True:
                 wake.clear()
@@ -118,7 +112,7 @@ class AsyncWorker(WorkerBase):
                         # Autocommit, each unit with its own BEGIN (see the sync face).
                         connection = await self.engine.connect()
                         await connection.execution_options(isolation_level="AUTOCOMMIT")
-                    await self._perform(connection, core, action, now, pool, make_context)
+                    await self._perform(connection, core, action, now, make_context, runner, pool)
                 except DBAPIError as exc:
                     await _discard(connection)
                     connection = None
@@ -140,8 +134,9 @@ class AsyncWorker(WorkerBase):
         core: WorkerCore,
         action: Claim | Flush | Maintain,
         now: float,
+        make_context: ContextFactory,
+        runner: HandlerRunner,
         pool: HandlerPool,
-        make_context: Any,
     ) -> None:
         work = core.prepare(action, now, make_context)
         try:
@@ -159,21 +154,15 @@ class AsyncWorker(WorkerBase):
             work.failed()
             raise
         for running in work.done(results):
-            self._dispatch(core, running, pool)
+            self._dispatch(running, runner, pool)
 
-    def _dispatch(self, core: WorkerCore, running: _Running, pool: HandlerPool) -> None:
-        if core.tasks[running.job.task].is_async:
-            task = asyncio.ensure_future(run_async_handler(core, running))
+    def _dispatch(self, running: RunningJob, runner: HandlerRunner, pool: HandlerPool) -> None:
+        if running.runtime.is_async:
+            task = asyncio.ensure_future(runner.run_async(running))
             self._tasks.add(task)
-
-            def done(t: asyncio.Task[Any]) -> None:
-                self._tasks.discard(t)
-                if not t.cancelled():
-                    core.record(running, t.result())
-
-            task.add_done_callback(done)
+            task.add_done_callback(self._tasks.discard)
         else:
-            pool.submit(lambda: core.record(running, run_sync_handler(core, running)))
+            pool.submit(lambda: runner.run_sync(running))
 
 
 async def _execute_raw(

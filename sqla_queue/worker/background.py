@@ -17,6 +17,7 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 
+from sqla_queue.statements.liveness import HeartbeatParams
 from sqla_queue.worker.core import WorkerCore
 
 __all__ = ["Heartbeater", "Listener", "libpq_url", "sync_engine_from_url"]
@@ -55,10 +56,9 @@ class Heartbeater(threading.Thread):
 
     def beat(self) -> None:
         """Send one heartbeat for everything this worker holds."""
-        ids, attempts = self.core.held()
-        if not ids:
+        params: HeartbeatParams | None = self.core.heartbeat_params()
+        if params is None:
             return
-        params = {"worker": self.core.worker_id, "ids": ids, "attempts": attempts}
         try:
             with self.engine.begin() as connection:
                 connection.execute(self.core.guard)
@@ -66,7 +66,7 @@ class Heartbeater(threading.Thread):
         except Exception as exc:
             log.warning("heartbeat failed, retrying in %.1fs: %s", self.interval, exc)
             return
-        self.core.mark_lost(ids, alive)
+        self.core.mark_lost(params["ids"], alive)
 
 
 class Listener(threading.Thread):

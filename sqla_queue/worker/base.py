@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,8 +14,9 @@ from sqla_queue._sqlstate import is_unique_violation_of
 from sqla_queue.core.outcomes import ClaimedJob
 from sqla_queue.worker.background import Heartbeater, Listener, libpq_url
 from sqla_queue.worker.context import JobContext
-from sqla_queue.worker.core import WorkerCore
-from sqla_queue.worker.handlers import HandlerPool
+from sqla_queue.worker.core import ContextFactory, WorkerCore
+from sqla_queue.worker.handlers import HandlerPool, HandlerRunner
+from sqla_queue.worker.plan import WorkerPlan
 from sqla_queue.worker.settings import WorkerSettings
 
 __all__ = ["RunStats", "WorkerBase", "bound_engine"]
@@ -52,13 +52,13 @@ def bound_engine(session_factory: Any) -> Any:
 class WorkerBase:
     """Setup and teardown common to :class:`Worker` and :class:`AsyncWorker`."""
 
-    def __init__(self, queue: Any, session_factory: Any, settings: WorkerSettings) -> None:
-        self.queue = queue
+    def __init__(self, plan: WorkerPlan, session_factory: Any, settings: WorkerSettings) -> None:
+        self.plan = plan
         self.session_factory = session_factory
         self.settings = settings
         self.core: WorkerCore | None = None
         self._stop_before_start = False
-        self._race_indexes = {str(ix.name) for ix in queue.tables.executions.indexes if ix.unique}
+        self._race_indexes = {str(ix.name) for ix in plan.tables.executions.indexes if ix.unique}
 
     def stop(self) -> None:
         """Ask a running ``run()`` to shut down gracefully. Safe from any thread.
@@ -72,17 +72,20 @@ class WorkerBase:
             core.request_stop(time.monotonic())
 
     def _new_core(self, burst: bool) -> WorkerCore:
-        core = WorkerCore(self.queue, self.settings, burst=burst)
+        core = WorkerCore(self.plan, self.settings, burst=burst)
         self.core = core
         if self._stop_before_start:
             core.request_stop(time.monotonic())
         return core
 
-    def _make_context(self, core: WorkerCore) -> Callable[[ClaimedJob], Any]:
-        tasks = core.tasks
+    def _runner(self, core: WorkerCore) -> HandlerRunner:
+        return HandlerRunner(worker_id=core.worker_id, clock=core.clock, record=core.record)
+
+    def _make_context(self, core: WorkerCore) -> ContextFactory:
+        tasks = self.plan.tasks
 
         def make(job: ClaimedJob) -> JobContext[Any] | None:
-            if not tasks[job.task].task_options.pass_context:
+            if not tasks[job.task].pass_context:
                 return None
             return JobContext(
                 job_id=job.id,
@@ -123,7 +126,7 @@ class WorkerBase:
         heartbeater.start()
         listener = None
         if core.listen:
-            listener = Listener(libpq_url(url), self.queue.tables.notify_channel, core.notified)
+            listener = Listener(libpq_url(url), self.plan.tables.notify_channel, core.notified)
             listener.start()
         return pool, heartbeater, listener
 

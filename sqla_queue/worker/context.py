@@ -71,7 +71,12 @@ class JobContext(Generic[S]):
                 self._shutdown_event.set()
         return self._shutdown_event
 
-    def _notify_shutdown(self) -> None:
+    def notify_shutdown(self) -> None:
+        """Tell the handler that its worker is stopping. Called by the worker, any thread.
+
+        Sets :attr:`shutdown_event` (in the handler's own loop) if the handler made one;
+        :attr:`shutdown_requested` already reads the worker's flag.
+        """
         event = self._shutdown_event
         if event is not None:
             try:
@@ -84,6 +89,14 @@ class JobContext(Generic[S]):
                 owner.call_soon_threadsafe(event.set)
             else:
                 event.set()
+
+    def notify_lost(self) -> None:
+        """Tell the handler that another worker reclaimed its job. Called by the worker.
+
+        Sets :attr:`lost`: the handler's outcome will be discarded (the newer attempt wins),
+        so a long handler may stop early.
+        """
+        self.lost = True
 
     def _take_session(self) -> S | None:
         session, self._session = self._session, None

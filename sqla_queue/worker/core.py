@@ -15,33 +15,33 @@ import random
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from sqla_queue import statements
 from sqla_queue.core.outcomes import (
     ClaimedJob,
     Outcome,
     OutcomeKind,
-    outcome_for_error,
-    outcome_for_return,
     outcome_lost_too_often,
+    outcome_refused,
+    outcomes_json,
 )
-from sqla_queue.core.payload import decode_arguments, dump_json
+from sqla_queue.core.payload import decode_arguments
 from sqla_queue.errors import UnknownTaskError
+from sqla_queue.statements.claim import LimitedClaimParams
+from sqla_queue.statements.complete import CompleteParams
+from sqla_queue.statements.keys import CleanupParams, KeysParams, SweepParams
+from sqla_queue.statements.limits import LimitedTasksParams
+from sqla_queue.statements.liveness import HeartbeatParams, ReclaimParams
+from sqla_queue.worker.actions import Action, Claim, Flush, Maintain, Step, Stop, Wait, Work
+from sqla_queue.worker.context import JobContext
+from sqla_queue.worker.handlers import RunningJob
+from sqla_queue.worker.plan import WorkerPlan
 from sqla_queue.worker.settings import WorkerSettings
 
-__all__ = [
-    "Claim",
-    "Flush",
-    "Maintain",
-    "Stop",
-    "Wait",
-    "WorkerCore",
-]
+__all__ = ["Clock", "WorkerCore", "utcnow"]
 
 log = logging.getLogger("sqla_queue.worker")
-
-_BACK_TO_PENDING = (OutcomeKind.RETRY, OutcomeKind.RESCHEDULE, OutcomeKind.RELEASE)
 
 #: Longest pause after a database error before trying again, in seconds.
 MAX_ERROR_BACKOFF = 10.0
@@ -53,81 +53,11 @@ CLEANUP_BATCH = 100
 #: Seconds before a key whose finished execution an enqueue in flight holds is tried again.
 PARKED_RETRY = 0.2
 
+#: The wall clock the core reads (error stamps, the next due time); tests pass their own.
+Clock = Callable[[], dt.datetime]
 
-@dataclass(frozen=True)
-class Flush:
-    """Write the buffered outcomes (one completion statement).
-
-    With ``claim`` > 0, claim up to that many executions in the same transaction, after the
-    completion: one commit (one WAL flush) for both, and the claim already sees the seats
-    and queue heads that the completion freed.
-    """
-
-    claim: int = 0
-
-
-@dataclass(frozen=True)
-class Claim:
-    """Claim up to ``size`` executions (one claim statement)."""
-
-    size: int
-
-
-@dataclass(frozen=True)
-class Maintain:
-    """Periodic upkeep: reclaim lost executions, re-read the stored limits, sweep keys."""
-
-
-@dataclass(frozen=True)
-class Step:
-    """One statement of a :class:`Maintain` action and what to do with its rows."""
-
-    statement: Any
-    params: dict[str, Any]
-    done: Callable[[Sequence[Any]], None]
-
-
-@dataclass(frozen=True)
-class Wait:
-    """Sleep until woken or ``timeout`` seconds pass."""
-
-    timeout: float
-
-
-@dataclass(frozen=True)
-class Stop:
-    """Leave the run loop."""
-
-
-Action = Flush | Claim | Maintain | Wait | Stop
-
-
-@dataclass(frozen=True)
-class Work:
-    """The I/O of one action, for a face to run: statements, then the core takes over.
-
-    A face executes ``steps`` in order (inside one transaction when ``atomic``), hands the
-    rows of each step to ``done`` and dispatches the executions it returns. If anything
-    fails it calls ``failed`` and lets the error propagate. Every unit the core prepares is
-    atomic and opens with the planner guard (see :mod:`sqla_queue.statements.planner`).
-    """
-
-    steps: list[tuple[Any, dict[str, Any]]]
-    atomic: bool
-    done: Callable[[list[Sequence[Any]]], list[_Running]]
-    failed: Callable[[], None]
-
-
-def claims(action: Action) -> bool:
-    """Whether ``action`` runs a claim (alone or after a flush)."""
-    return isinstance(action, Claim) or (isinstance(action, Flush) and action.claim > 0)
-
-
-@dataclass
-class _Running:
-    job: ClaimedJob
-    context: Any
-    released: bool = False
+#: Builds a handler's context for a claimed job (None when the task takes none).
+ContextFactory = Callable[[ClaimedJob], JobContext[Any] | None]
 
 
 def utcnow() -> dt.datetime:
@@ -136,67 +66,65 @@ def utcnow() -> dt.datetime:
 
 
 class WorkerCore:
-    """State and decisions of one worker process. Thread-safe where handlers report back."""
+    """State and decisions of one worker process. Thread-safe where handlers report back.
+
+    It reads no global state: the tasks come resolved in ``plan``, the wall clock is
+    ``clock`` and the random seat offsets come from ``rng``, so a unit test drives it with
+    a hand-made plan, a fake clock and a seeded generator.
+    """
 
     def __init__(
         self,
-        queue: Any,
+        plan: WorkerPlan,
         settings: WorkerSettings,
         *,
         burst: bool = False,
         worker_id: uuid.UUID | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
     ) -> None:
-        from sqla_queue import statements
-
-        self.queue = queue
+        self.plan = plan
         self.settings = settings
         self.burst = burst
         self.worker_id = worker_id or uuid.uuid4()
-        names = list(settings.tasks) if settings.tasks is not None else list(queue.tasks)
-        if not names:
-            raise UnknownTaskError("this worker has no tasks: register one with @queue.task")
-        self.tasks = {name: queue.get_task(name) for name in names}
-        leases = {
-            name: t.task_options.lost_interval
-            for name, t in self.tasks.items()
-            if t.task_options.lost_interval is not None
-        }
-        self.lease_default = float(queue.lost_interval)
-        shortest = min([self.lease_default, *leases.values()])
+        self.clock: Clock = clock or utcnow
+        self._rng = rng or random.Random()
+        shortest = plan.shortest_lease
         self.heartbeat_interval = settings.heartbeat_interval or shortest / 4
         # Also how often stored limits are re-read, so a new limit applies within seconds.
         self.reclaim_interval = settings.reclaim_interval or min(shortest / 2, 5.0)
-        self.declared_limits = {
-            name: t.task_options.concurrency_limit
-            for name, t in self.tasks.items()
-            if t.task_options.concurrency_limit is not None
-        }
+        self.declared_limits = plan.declared_limits
         # Until the stored limits are read, assume a limit can apply whenever one is
         # declared; the first maintenance step settles it before the first claim.
         self.limited = bool(self.declared_limits)
         self.stored_limits: set[str] = set()
-        self._claim_plain = statements.claim_statement(queue.tables)
-        self._claim_limited = statements.claim_statement(queue.tables, limited=True)
-        self._limits_statement = statements.limited_tasks_statement(queue.tables)
-        self.complete_statement = statements.complete_statement(queue.tables)
-        self.heartbeat_statement = statements.heartbeat_statement(queue.tables)
-        self.reclaim_statement = statements.reclaim_statement(queue.tables)
-        self.promote_statement = statements.promote_statement(queue.tables)
-        self._cleanup_statement = statements.cleanup_statement(queue.tables)
-        self._clear_done_statement = statements.clear_done_statement(queue.tables)
-        self._orphan_sweep_statement = statements.orphan_sweep_statement(queue.tables)
+        tables = plan.tables
+        self._claim_plain = statements.claim_statement(tables)
+        self._claim_limited = statements.claim_statement(tables, limited=True)
+        self._limits_statement = statements.limited_tasks_statement(tables)
+        self.complete_statement = statements.complete_statement(tables)
+        self.heartbeat_statement = statements.heartbeat_statement(tables)
+        self.reclaim_statement = statements.reclaim_statement(tables)
+        self.promote_statement = statements.promote_statement(tables)
+        self._cleanup_statement = statements.cleanup_statement(tables)
+        self._clear_done_statement = statements.clear_done_statement(tables)
+        self._orphan_sweep_statement = statements.orphan_sweep_statement(tables)
         self.guard = statements.planner_guard(generic_plans=settings.generic_plans)
-        self._claim_params: dict[str, Any] = {
-            "tasks": sorted(self.tasks),
-            "worker": self.worker_id,
-            "lease": self.lease_default,
-            "lease_map": json.dumps(leases),
-            "limit_map": json.dumps(self.declared_limits),
-        }
-        self.listen = queue.notify if settings.listen is None else settings.listen
+        # Only leases that differ from the queue's travel in the map; the SQL falls back.
+        leases = {name: t.lease for name, t in plan.tasks.items() if t.lease != plan.default_lease}
+        self._claim_params = LimitedClaimParams(
+            tasks=plan.task_names,
+            batch=0,
+            worker=self.worker_id,
+            lease=plan.default_lease,
+            lease_map=json.dumps(leases),
+            limit_map=json.dumps(self.declared_limits),
+            seat_offset=0,
+        )
+        self.listen = plan.notify if settings.listen is None else settings.listen
         self.stop_flag = threading.Event()
         self._lock = threading.Lock()
-        self._running: dict[int, _Running] = {}
+        self._running: dict[int, RunningJob] = {}
         self._outcomes: list[Outcome] = []
         # Keys whose next waiting job may be due for promotion: those of buffered outcomes,
         # and those a cleanup freed (promoted by the next unit, in a statement of its own).
@@ -219,14 +147,14 @@ class WorkerCore:
 
     def request_stop(self, now: float) -> None:
         """Begin a graceful shutdown: stop claiming, tell handlers, start the timeout."""
-        contexts: list[Any] = []
+        contexts: list[JobContext[Any]] = []
         with self._lock:
             if self._stop_deadline is None:
                 self._stop_deadline = now + self.settings.shutdown_timeout
                 self.stop_flag.set()
                 contexts = [r.context for r in self._running.values() if r.context is not None]
         for ctx in contexts:
-            ctx._notify_shutdown()
+            ctx.notify_shutdown()
         self._wake()
 
     @property
@@ -294,30 +222,30 @@ class WorkerCore:
         self,
         action: Flush | Claim | Maintain,
         now: float,
-        make_context: Callable[[ClaimedJob], Any],
+        make_context: ContextFactory,
     ) -> Work:
         """The statements an action runs, and what happens with their rows."""
         if isinstance(action, Maintain):
             steps = self.maintenance()
             keys, key_steps = self._key_steps()
 
-            def maintained(results: list[Sequence[Any]]) -> list[_Running]:
-                for step, rows in zip(steps, results[: len(steps)], strict=True):
-                    step.done(rows)
+            def maintained(results: list[Sequence[Any]]) -> list[RunningJob]:
+                for (_, done), rows in zip(steps, results[: len(steps)], strict=True):
+                    done(rows)
                 self._keys_cleared(results[len(steps) :], now)
                 return []
 
             return self._unit(
-                [*((s.statement, s.params) for s in steps), *key_steps],
+                [*(step for step, _ in steps), *key_steps],
                 maintained,
                 lambda: self._restore_keys(keys),
             )
         size = action.claim if isinstance(action, Flush) else action.size
-        claim_step = [(self.claim_statement, self.claim_params(size))] if size else []
+        claim_step = [Step(self.claim_statement, self.claim_params(size))] if size else []
         if isinstance(action, Claim):
             keys, key_steps = self._key_steps()
 
-            def claimed(results: list[Sequence[Any]]) -> list[_Running]:
+            def claimed(results: list[Sequence[Any]]) -> list[RunningJob]:
                 jobs = self.accept_claim(results[-1], size, now, make_context)
                 self._keys_cleared(results[: len(key_steps)], now)
                 return jobs
@@ -326,7 +254,7 @@ class WorkerCore:
         outcomes, params = self.take_outcomes()
         keys, key_steps = self._key_steps()  # after the outcomes: theirs are among them
 
-        def flushed(results: list[Sequence[Any]]) -> list[_Running]:
+        def flushed(results: list[Sequence[Any]]) -> list[RunningJob]:
             self.completed(outcomes, [row[0] for row in results[0]])
             jobs = self.accept_claim(results[-1], size, now, make_context) if size else []
             # After the claim, which sets the next poll: a parked key may bring it closer.
@@ -340,12 +268,12 @@ class WorkerCore:
         # Ack, keys and claim share one transaction: one commit, and the claim sees what
         # the ack freed and the promotion made pending.
         return self._unit(
-            [(self.complete_statement, params), *key_steps, *claim_step],
+            [Step(self.complete_statement, params), *key_steps, *claim_step],
             flushed,
             flush_failed,
         )
 
-    def _key_steps(self) -> tuple[list[str], list[tuple[Any, dict[str, Any]]]]:
+    def _key_steps(self) -> tuple[list[str], list[Step]]:
         """The keys owed a promotion, and the two statements that give it.
 
         First the ``done`` executions of those keys are deleted where nobody holds them,
@@ -356,8 +284,11 @@ class WorkerCore:
             keys, self._keys = sorted(self._keys), set()
         if not keys:
             return keys, []
-        params = {"keys": keys}
-        return keys, [(self._clear_done_statement, params), (self.promote_statement, params)]
+        params = KeysParams(keys=keys)
+        return keys, [
+            Step(self._clear_done_statement, params),
+            Step(self.promote_statement, params),
+        ]
 
     def _keys_cleared(self, results: Sequence[Sequence[Any]], now: float) -> None:
         """Keys whose ``done`` row an enqueue in flight still holds are tried again soon."""
@@ -370,13 +301,13 @@ class WorkerCore:
 
     def _unit(
         self,
-        steps: list[tuple[Any, dict[str, Any]]],
-        done: Callable[[list[Sequence[Any]]], list[_Running]],
+        steps: list[Step],
+        done: Callable[[list[Sequence[Any]]], list[RunningJob]],
         failed: Callable[[], None],
     ) -> Work:
         """One transaction: the planner guard, then ``steps``; ``done`` sees their rows only."""
         return Work(
-            [(self.guard, {}), *steps],
+            [Step(self.guard, {}), *steps],
             True,
             lambda results: done(results[1:]),
             failed,
@@ -402,19 +333,26 @@ class WorkerCore:
         """The claim to run now: slot-aware only while one of this worker's tasks is limited."""
         return self._claim_limited if self.limited else self._claim_plain
 
-    def claim_params(self, size: int) -> dict[str, Any]:
-        """Parameters of the claim statement for a batch of ``size``."""
-        return {**self._claim_params, "batch": size, "seat_offset": random.randrange(1 << 30)}
+    def claim_params(self, size: int) -> LimitedClaimParams:
+        """Parameters of the claim statement for a batch of ``size``.
+
+        The plain claim reads a subset of them; the limited one reads them all.
+        """
+        params = self._claim_params.copy()
+        params["batch"] = size
+        params["seat_offset"] = self._rng.randrange(1 << 30)
+        return params
 
     def accept_claim(
-        self, rows: Sequence[Any], size: int, now: float, make_context: Callable[[ClaimedJob], Any]
-    ) -> list[_Running]:
+        self, rows: Sequence[Any], size: int, now: float, make_context: ContextFactory
+    ) -> list[RunningJob]:
         """Register the claimed rows and return the ones to run.
 
         Rows that must not run (lost too often, malformed) become failure outcomes at once.
+        Each payload is decoded here, once.
         """
         self._errors_in_row = 0
-        jobs: list[_Running] = []
+        jobs: list[RunningJob] = []
         next_due: dt.datetime | None = None
         claimed = 0
         for row in rows:
@@ -426,18 +364,19 @@ class WorkerCore:
                 id=row.id,
                 task=row.task,
                 attempt=row.attempt,
-                # None only for an orphan (see _refuse), which fails at this attempt.
+                # None only for an orphan (see _admit), which fails at this attempt.
                 max_attempts=row.attempt if row.max_attempts is None else row.max_attempts,
                 reclaims=row.reclaims,
                 queue_id=row.queue_id,
                 payload=row.payload,
             )
-            refusal = self._refuse(job)
-            if refusal is not None:
+            admitted = self._admit(job)
+            if isinstance(admitted, Outcome):
                 with self._lock:
-                    self._buffer(refusal, job)
+                    self._buffer(admitted, job)
                 continue
-            running = _Running(job, make_context(job))
+            args, kwargs = admitted
+            running = RunningJob(job, self.plan.tasks[job.task], args, kwargs, make_context(job))
             with self._lock:
                 self._running[job.id] = running
             jobs.append(running)
@@ -450,7 +389,7 @@ class WorkerCore:
         else:
             wait = self.settings.poll_interval
             if next_due is not None:
-                wait = min(wait, max(0.0, (next_due - utcnow()).total_seconds()))
+                wait = min(wait, max(0.0, (next_due - self.clock()).total_seconds()))
             self._next_poll = now + wait
         return jobs
 
@@ -458,83 +397,32 @@ class WorkerCore:
         """Another worker won a uniqueness race during the claim: an empty batch, retry."""
         self._next_poll = now
 
-    def _refuse(self, job: ClaimedJob) -> Outcome | None:
+    def _admit(self, job: ClaimedJob) -> Outcome | tuple[list[Any], dict[str, Any]]:
+        """The decoded arguments of a row that may run, or the failure of one that may not."""
         if job.payload is None:
             # The jobs table has no row for it (deleted by hand: there is no foreign key).
             log.error("execution %s (%s) has no job row; removing it", job.id, job.task)
-            return self._failure(job, LookupError(f"job {job.id} has no row in the jobs table"))
-        task = self.tasks.get(job.task)
-        if task is None:  # the claim filters by task; this guards a hand-edited row
-            return self._failure(job, UnknownTaskError(f"no handler for task {job.task!r}"))
-        max_reclaims = task.task_options.max_reclaims
-        if max_reclaims is None:
-            max_reclaims = self.queue.max_reclaims
+            return self._refused(job, LookupError(f"job {job.id} has no row in the jobs table"))
+        runtime = self.plan.tasks.get(job.task)
+        if runtime is None:  # the claim filters by task; this guards a hand-edited row
+            return self._refused(job, UnknownTaskError(f"no handler for task {job.task!r}"))
         lost = outcome_lost_too_often(
-            job, max_reclaims=max_reclaims, worker_id=self.worker_id, now=utcnow()
+            job, max_reclaims=runtime.max_reclaims, worker_id=self.worker_id, now=self.clock()
         )
         if lost is not None:
             log.error("job %s (%s) failed: %s", job.id, job.task, lost.error)
             return lost
         try:
-            decode_arguments(job.payload)
+            return decode_arguments(job.payload)
         except ValueError as exc:
-            return self._failure(job, exc)
-        return None
+            return self._refused(job, exc)
 
-    def _failure(self, job: ClaimedJob, exc: BaseException) -> Outcome:
-        final = ClaimedJob(
-            job.id, job.task, job.attempt, job.attempt, job.reclaims, job.queue_id, job.payload
-        )
-        return outcome_for_error(
-            final, exc, policy=self.queue.retry, worker_id=self.worker_id, now=utcnow()
-        )
+    def _refused(self, job: ClaimedJob, exc: BaseException) -> Outcome:
+        return outcome_refused(job, exc, worker_id=self.worker_id, now=self.clock())
 
     # -- running handlers ---------------------------------------------------------------------
 
-    def call_arguments(self, running: _Running) -> tuple[Any, list[Any], dict[str, Any]]:
-        """The handler and the arguments to call it with."""
-        task = self.tasks[running.job.task]
-        args, kwargs = decode_arguments(running.job.payload)
-        if task.task_options.pass_context:
-            args = [running.context, *args]
-        return task.fn, args, kwargs
-
-    def outcome_of_return(self, running: _Running, value: Any) -> Outcome:
-        """The outcome of a handler that returned ``value`` (non-JSON results are kept as repr)."""
-        outcome = outcome_for_return(running.job, value)
-        if outcome.kind is OutcomeKind.SUCCEEDED and value is not None:
-            try:
-                dump_json(value, task=running.job.task, what="result")
-            except TypeError:
-                log.warning(
-                    "job %s (%s) returned a value that is not JSON; storing its repr",
-                    running.job.id,
-                    running.job.task,
-                )
-                outcome = outcome_for_return(running.job, {"repr": repr(value)[:10_000]})
-        return outcome
-
-    def outcome_of_error(self, running: _Running, exc: BaseException) -> Outcome:
-        """The outcome of a handler that raised ``exc``."""
-        policy = self.tasks[running.job.task].task_options.retry
-        outcome = outcome_for_error(
-            running.job, exc, policy=policy, worker_id=self.worker_id, now=utcnow()
-        )
-        level = logging.ERROR if outcome.kind is OutcomeKind.FAILED else logging.WARNING
-        log.log(
-            level,
-            "job %s (%s) attempt %s (max_attempts %s) raised %s: %s -> %s",
-            running.job.id,
-            running.job.task,
-            running.job.attempt,
-            running.job.max_attempts,
-            type(exc).__name__,
-            exc,
-            outcome.kind.value,
-        )
-        return outcome
-
-    def record(self, running: _Running, outcome: Outcome) -> None:
+    def record(self, running: RunningJob, outcome: Outcome) -> None:
         """A handler finished: buffer its outcome and wake the loop. Any thread may call."""
         with self._lock:
             current = self._running.get(running.job.id)
@@ -566,19 +454,21 @@ class WorkerCore:
 
     # -- acks --------------------------------------------------------------------------------
 
-    def take_outcomes(self) -> tuple[list[Outcome], dict[str, Any]]:
-        """Remove the buffered outcomes and return them with the completion parameters."""
+    def take_outcomes(self) -> tuple[list[Outcome], CompleteParams]:
+        """Remove the buffered outcomes and return them with the completion parameters.
+
+        Each outcome was encoded once, by the thread that made it; this only joins them.
+        """
         with self._lock:
             outcomes, self._outcomes = self._outcomes, []
             self._outcomes_seen_at = None
-        rows = [o.as_row() for o in outcomes]
-        return outcomes, {"outcomes": json.dumps(rows), "worker": self.worker_id}
+        return outcomes, CompleteParams(outcomes=outcomes_json(outcomes), worker=self.worker_id)
 
     def completed(self, outcomes: Iterable[Outcome], applied: Iterable[int]) -> None:
         """The completion statement ran; log the outcomes a reclaim had fenced off."""
         self._errors_in_row = 0
         outcomes = list(outcomes)
-        if self.burst or any(o.kind in _BACK_TO_PENDING for o in outcomes):
+        if self.burst or any(o.kind in OutcomeKind.back_to_pending() for o in outcomes):
             # Work was handed back, or finishing jobs freed the next job of a queue_id:
             # an earlier empty claim no longer says anything.
             self._next_poll = 0.0
@@ -638,23 +528,35 @@ class WorkerCore:
             for job_id in lost:
                 running = self._running.get(job_id)
                 if running is not None and running.context is not None:
-                    running.context.lost = True
+                    running.context.notify_lost()
         if lost:
             log.warning(
                 "executions %s were reclaimed by another worker while held here", sorted(lost)
             )
 
-    def maintenance(self) -> list[Step]:
-        """The statements of a :class:`Maintain` action, in order."""
+    def heartbeat_params(self) -> HeartbeatParams | None:
+        """Parameters of the next heartbeat, or None when nothing is held."""
+        ids, attempts = self.held()
+        if not ids:
+            return None
+        return HeartbeatParams(worker=self.worker_id, ids=ids, attempts=attempts)
+
+    def maintenance(self) -> list[tuple[Step, Callable[[Sequence[Any]], None]]]:
+        """The statements of a :class:`Maintain` action, in order, each with its reader."""
         ids, _ = self.held()
         return [
             # Never reclaim what runs here, even if its heartbeat is late.
-            Step(self.reclaim_statement, {"held": ids}, self.reclaimed),
-            Step(self._limits_statement, {"tasks": sorted(self.tasks)}, self.limits_read),
-            Step(self._cleanup_statement, {"limit": CLEANUP_BATCH}, self.cleaned_up),
-            Step(
-                self._orphan_sweep_statement,
-                {"after": self._sweep_after, "limit": SWEEP_KEYS},
+            (Step(self.reclaim_statement, ReclaimParams(held=ids)), self.reclaimed),
+            (
+                Step(self._limits_statement, LimitedTasksParams(tasks=self.plan.task_names)),
+                self.limits_read,
+            ),
+            (Step(self._cleanup_statement, CleanupParams(limit=CLEANUP_BATCH)), self.cleaned_up),
+            (
+                Step(
+                    self._orphan_sweep_statement,
+                    SweepParams(after=self._sweep_after, limit=SWEEP_KEYS),
+                ),
                 self.swept,
             ),
         ]

@@ -1,53 +1,172 @@
-"""Running handlers: daemon threads for ``def``, an event loop for ``async def``.
+"""Running handlers: the call, its outcome, and the threads and loop they run on.
 
-Both faces use these. Handler threads are daemons on purpose: after ``shutdown_timeout``
-a stuck handler must not keep the process alive; its job has been handed back already.
+Both faces use these. A :class:`HandlerRunner` calls a handler with the arguments the core
+decoded at claim time, turns its return value or exception into an
+:class:`~sqla_queue.core.outcomes.Outcome` (encoded here, once, off the run loop), and
+hands that to the core in one call. Handler threads are daemons on purpose: after
+``shutdown_timeout`` a stuck handler must not keep the process alive; its job has been
+handed back already.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import queue as queue_module
 import threading
+import uuid
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 
-from sqla_queue.core.outcomes import Outcome
-from sqla_queue.worker.core import WorkerCore, _Running
+from sqla_queue.core.outcomes import (
+    ClaimedJob,
+    Outcome,
+    OutcomeKind,
+    outcome_for_error,
+    outcome_for_return,
+    outcome_refused,
+)
+from sqla_queue.worker.context import JobContext
+from sqla_queue.worker.plan import TaskRuntime
 
-__all__ = ["HandlerPool", "PrivateLoop", "run_async_handler", "run_sync_handler"]
+__all__ = ["HandlerPool", "HandlerRunner", "PrivateLoop", "RunningJob"]
 
 log = logging.getLogger("sqla_queue.worker")
 
-
-def run_sync_handler(core: WorkerCore, running: _Running) -> Outcome:
-    """Call a ``def`` handler and turn what happened into an outcome. Never raises."""
-    try:
-        fn, args, kwargs = core.call_arguments(running)
-        value = fn(*args, **kwargs)
-    except BaseException as exc:  # a handler's SystemExit must not kill its thread silently
-        return core.outcome_of_error(running, exc)
-    finally:
-        _close_sync_session(running)
-    return core.outcome_of_return(running, value)
+#: Longest ``repr`` kept in place of a result that JSON cannot hold.
+MAX_RESULT_REPR = 10_000
 
 
-async def run_async_handler(core: WorkerCore, running: _Running) -> Outcome:
-    """Await an ``async def`` handler and turn what happened into an outcome."""
-    try:
-        fn, args, kwargs = core.call_arguments(running)
-        value = await fn(*args, **kwargs)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        return core.outcome_of_error(running, exc)
-    finally:
-        await _close_async_session(running)
-    return core.outcome_of_return(running, value)
+@dataclass(eq=False)
+class RunningJob:
+    """One claimed execution on its way through a handler.
+
+    The core builds it when the claim returns, with the payload already decoded, and
+    forgets it when the outcome is recorded or the job is released at shutdown.
+    """
+
+    job: ClaimedJob
+    runtime: TaskRuntime
+    args: list[Any]
+    kwargs: dict[str, Any]
+    context: JobContext[Any] | None
+    #: Handed back to the queue at shutdown: a late outcome is dropped.
+    released: bool = field(default=False)
 
 
-def _close_sync_session(running: _Running) -> None:
+class HandlerRunner:
+    """Calls handlers and reports each outcome to ``record``, exactly once per call.
+
+    ``clock`` stamps error entries; ``worker_id`` names the worker in them.
+    """
+
+    def __init__(
+        self,
+        *,
+        worker_id: uuid.UUID,
+        clock: Callable[[], dt.datetime],
+        record: Callable[[RunningJob, Outcome], None],
+    ) -> None:
+        self.worker_id = worker_id
+        self.clock = clock
+        self.record = record
+
+    def call_arguments(self, running: RunningJob) -> list[Any]:
+        """The positional arguments of the call: the context first when the task asks."""
+        if running.runtime.pass_context:
+            return [running.context, *running.args]
+        return running.args
+
+    def run_sync(self, running: RunningJob) -> None:
+        """Call a ``def`` handler and record what happened. Never raises."""
+        try:
+            value = running.runtime.handler(*self.call_arguments(running), **running.kwargs)
+        except BaseException as exc:  # a handler's SystemExit must not kill its thread silently
+            outcome = self.outcome_of_error(running, exc)
+        else:
+            outcome = self.outcome_of_return(running, value)
+        finally:
+            _close_sync_session(running)
+        self.record(running, outcome)
+
+    async def run_async(self, running: RunningJob) -> None:
+        """Await an ``async def`` handler and record what happened.
+
+        A cancellation (the worker's loop shutting down) propagates and records nothing:
+        the job was released already.
+        """
+        try:
+            value = await running.runtime.handler(*self.call_arguments(running), **running.kwargs)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            outcome = self.outcome_of_error(running, exc)
+        else:
+            outcome = self.outcome_of_return(running, value)
+        finally:
+            await _close_async_session(running)
+        self.record(running, outcome)
+
+    def outcome_of_return(self, running: RunningJob, value: Any) -> Outcome:
+        """The outcome of a handler that returned ``value``, encoded for the completion.
+
+        A result JSON cannot hold is kept as its ``repr``.
+        """
+        outcome = outcome_for_return(running.job, value)
+        try:
+            outcome.encoded  # noqa: B018 - encode now, in this thread, exactly once
+        except (TypeError, ValueError):
+            if outcome.kind is not OutcomeKind.SUCCEEDED:
+                return self._unencodable(running, outcome)
+            log.warning(
+                "job %s (%s) returned a value that is not JSON; storing its repr",
+                running.job.id,
+                running.job.task,
+            )
+            outcome = outcome_for_return(running.job, {"repr": repr(value)[:MAX_RESULT_REPR]})
+            return self._encoded(running, outcome)
+        return outcome
+
+    def outcome_of_error(self, running: RunningJob, exc: BaseException) -> Outcome:
+        """The outcome of a handler that raised ``exc``, encoded for the completion."""
+        outcome = outcome_for_error(
+            running.job,
+            exc,
+            policy=running.runtime.retry,
+            worker_id=self.worker_id,
+            now=self.clock(),
+        )
+        level = logging.ERROR if outcome.kind is OutcomeKind.FAILED else logging.WARNING
+        log.log(
+            level,
+            "job %s (%s) attempt %s (max_attempts %s) raised %s: %s -> %s",
+            running.job.id,
+            running.job.task,
+            running.job.attempt,
+            running.job.max_attempts,
+            type(exc).__name__,
+            exc,
+            outcome.kind.value,
+        )
+        return self._encoded(running, outcome)
+
+    def _encoded(self, running: RunningJob, outcome: Outcome) -> Outcome:
+        try:
+            outcome.encoded  # noqa: B018 - encode now, in this thread, exactly once
+        except (TypeError, ValueError):
+            return self._unencodable(running, outcome)
+        return outcome
+
+    def _unencodable(self, running: RunningJob, outcome: Outcome) -> Outcome:
+        """An outcome JSON cannot hold (a NaN delay, say) becomes the job's failure."""
+        error = ValueError(f"the {outcome.kind.value} outcome of this attempt cannot be stored")
+        log.error("job %s (%s): %s", running.job.id, running.job.task, error)
+        return outcome_refused(running.job, error, worker_id=self.worker_id, now=self.clock())
+
+
+def _close_sync_session(running: RunningJob) -> None:
     ctx = running.context
     session = ctx._take_session() if ctx is not None else None
     if session is not None:
@@ -57,7 +176,7 @@ def _close_sync_session(running: _Running) -> None:
             log.exception("closing the handler's session of job %s failed", running.job.id)
 
 
-async def _close_async_session(running: _Running) -> None:
+async def _close_async_session(running: RunningJob) -> None:
     ctx = running.context
     session = ctx._take_session() if ctx is not None else None
     if session is not None:
@@ -113,15 +232,9 @@ class PrivateLoop:
         )
         self._thread.start()
 
-    def submit(self, coro: Coroutine[Any, Any, Outcome], done: Callable[[Outcome], None]) -> None:
-        """Schedule ``coro`` on the loop and call ``done`` with its outcome."""
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-        def finished(f: Any) -> None:
-            if not f.cancelled():
-                done(f.result())
-
-        future.add_done_callback(finished)
+    def submit(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Schedule ``coro`` (a handler run that records its own outcome) on the loop."""
+        asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def close(self) -> None:
         """Stop the loop; unfinished handlers are abandoned (their jobs were released)."""

@@ -13,19 +13,12 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from sqla_queue.schema.verify import verify_schema
+from sqla_queue.worker.actions import Claim, Flush, Maintain, Stop, Wait, Work, claims
 from sqla_queue.worker.base import RunStats, WorkerBase, bound_engine
-from sqla_queue.worker.core import (
-    Claim,
-    Flush,
-    Maintain,
-    Stop,
-    Wait,
-    Work,
-    WorkerCore,
-    _Running,
-    claims,
-)
-from sqla_queue.worker.handlers import HandlerPool, PrivateLoop, run_async_handler, run_sync_handler
+from sqla_queue.worker.core import ContextFactory, WorkerCore
+from sqla_queue.worker.handlers import HandlerPool, HandlerRunner, PrivateLoop, RunningJob
+from sqla_queue.worker.plan import WorkerPlan
 from sqla_queue.worker.raw import (
     RawStatements,
     driver_error,
@@ -49,9 +42,9 @@ class Worker(WorkerBase):
     """
 
     def __init__(
-        self, queue: Any, session_factory: sessionmaker[Session], settings: WorkerSettings
+        self, plan: WorkerPlan, session_factory: sessionmaker[Session], settings: WorkerSettings
     ) -> None:
-        super().__init__(queue, session_factory, settings)
+        super().__init__(plan, session_factory, settings)
         self.engine: Engine = bound_engine(session_factory)
         self._wake = threading.Event()
         self._raw = raw_statements_for(self.engine.dialect, enabled=settings.raw_statements)
@@ -79,7 +72,7 @@ class Worker(WorkerBase):
         for attempt in itertools.count(1):
             try:
                 with self.engine.connect() as check:
-                    self.queue.verify(check)
+                    verify_schema(check, self.plan.tables)
                 return
             except DBAPIError as exc:
                 delay = self._verify_retry_delay(exc, attempt)
@@ -90,10 +83,11 @@ class Worker(WorkerBase):
     def _loop(self, core: WorkerCore) -> None:
         wake = self._wake
         pool, heartbeater, listener = self._start_background(core, self.engine, self.engine.url)
-        private_loop = PrivateLoop() if any(t.is_async for t in core.tasks.values()) else None
+        private_loop = PrivateLoop() if self.plan.has_async else None
         make_context = self._make_context(core)
+        runner = self._runner(core)
         connection: Connection | None = None
-        log.info("worker %s started: tasks %s", core.worker_id, sorted(core.tasks))
+        log.info("worker %s started: tasks %s", core.worker_id, self.plan.task_names)
         try:
             while True:
                 wake.clear()
@@ -111,7 +105,9 @@ class Worker(WorkerBase):
                         connection = self.engine.connect().execution_options(
                             isolation_level="AUTOCOMMIT"
                         )
-                    self._perform(connection, core, action, now, pool, private_loop, make_context)
+                    self._perform(
+                        connection, core, action, now, make_context, runner, pool, private_loop
+                    )
                 except DBAPIError as exc:
                     _discard(connection)
                     connection = None
@@ -132,9 +128,10 @@ class Worker(WorkerBase):
         core: WorkerCore,
         action: Claim | Flush | Maintain,
         now: float,
+        make_context: ContextFactory,
+        runner: HandlerRunner,
         pool: HandlerPool,
         private_loop: PrivateLoop | None,
-        make_context: Any,
     ) -> None:
         work = core.prepare(action, now, make_context)
         try:
@@ -150,19 +147,20 @@ class Worker(WorkerBase):
             work.failed()
             raise
         for running in work.done(results):
-            self._dispatch(core, running, pool, private_loop)
+            self._dispatch(running, runner, pool, private_loop)
 
     @staticmethod
     def _dispatch(
-        core: WorkerCore, running: _Running, pool: HandlerPool, private_loop: PrivateLoop | None
+        running: RunningJob,
+        runner: HandlerRunner,
+        pool: HandlerPool,
+        private_loop: PrivateLoop | None,
     ) -> None:
-        if core.tasks[running.job.task].is_async:
+        if running.runtime.is_async:
             assert private_loop is not None
-            private_loop.submit(
-                run_async_handler(core, running), lambda outcome: core.record(running, outcome)
-            )
+            private_loop.submit(runner.run_async(running))
         else:
-            pool.submit(lambda: core.record(running, run_sync_handler(core, running)))
+            pool.submit(lambda: runner.run_sync(running))
 
 
 def _execute_raw(connection: Connection, raw: RawStatements, work: Work) -> list[Sequence[Any]]:

@@ -1,34 +1,68 @@
-"""The worker's decisions, driven with a fake clock and fake rows: no database, no threads."""
+"""The worker's decisions, driven with a hand-made plan, a fake clock and fake rows.
+
+No database, no threads, no ``Queue`` and no real clock: the core sees only what it is given.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import random
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from sqlalchemy import MetaData
 
-from sqla_queue import Queue, RetryPolicy
-from sqla_queue.core.outcomes import OutcomeKind
-from sqla_queue.worker.core import Claim, Flush, Maintain, Stop, Wait, WorkerCore
+from sqla_queue import RetryPolicy
+from sqla_queue.core.outcomes import Outcome, OutcomeKind
+from sqla_queue.models import build_tables
+from sqla_queue.worker.actions import Claim, Flush, Maintain, Stop, Wait
+from sqla_queue.worker.core import WorkerCore
+from sqla_queue.worker.handlers import HandlerRunner, RunningJob
+from sqla_queue.worker.plan import TaskRuntime, WorkerPlan
 from sqla_queue.worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.unit
 
+#: The fake wall clock every core here reads.
+T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+
+
+def _handler(x: int = 0) -> int:
+    return x
+
 
 @pytest.fixture
-def queue() -> Queue:
-    q = Queue(metadata=MetaData(), lost_interval=20.0, max_reclaims=2)
-
-    @q.task(name="a", max_attempts=2, retry=RetryPolicy(min_delay=5, max_delay=5, jitter=0))
-    def a(x: int = 0) -> int:
-        return x
-
-    @q.task(name="b", lost_interval=4.0)
-    def b() -> None: ...
-
-    return q
+def queue() -> WorkerPlan:
+    """Two tasks: ``a`` retries once after 5 s; ``b`` has its own 4 s lease."""
+    tasks = {
+        "a": TaskRuntime(
+            name="a",
+            handler=_handler,
+            is_async=False,
+            pass_context=False,
+            max_attempts=2,
+            retry=RetryPolicy(min_delay=5, max_delay=5, jitter=0),
+            lease=20.0,
+            max_reclaims=2,
+        ),
+        "b": TaskRuntime(
+            name="b",
+            handler=_handler,
+            is_async=False,
+            pass_context=False,
+            max_attempts=1,
+            retry=RetryPolicy(),
+            lease=4.0,
+            max_reclaims=2,
+        ),
+    }
+    return WorkerPlan(
+        tables=build_tables(MetaData()),
+        notify=True,
+        default_lease=20.0,
+        tasks=tasks,
+    )
 
 
 def row(job_id: int, task: str = "a", attempt: int = 1, reclaims: int = 0, **kw: Any) -> Any:
@@ -50,17 +84,39 @@ def empty(next_due: dt.datetime | None = None) -> Any:
     return SimpleNamespace(next_due=next_due, id=None)
 
 
-def core_for(queue: Queue, **settings: Any) -> WorkerCore:
-    return WorkerCore(queue, WorkerSettings(**settings))
+def core_for(plan: WorkerPlan, *, burst: bool = False, **settings: Any) -> WorkerCore:
+    tasks = settings.pop("tasks", None)
+    if tasks is not None:
+        plan = WorkerPlan(
+            tables=plan.tables,
+            notify=plan.notify,
+            default_lease=plan.default_lease,
+            tasks={name: plan.tasks[name] for name in tasks},
+        )
+    return WorkerCore(
+        plan, WorkerSettings(**settings), burst=burst, clock=lambda: T0, rng=random.Random(7)
+    )
 
 
-def test_first_actions_are_reclaim_then_a_full_claim(queue: Queue) -> None:
+def returned(core: WorkerCore, running: RunningJob, value: Any) -> Outcome:
+    return _runner(core).outcome_of_return(running, value)
+
+
+def raised(core: WorkerCore, running: RunningJob, exc: BaseException) -> Outcome:
+    return _runner(core).outcome_of_error(running, exc)
+
+
+def _runner(core: WorkerCore) -> HandlerRunner:
+    return HandlerRunner(worker_id=core.worker_id, clock=core.clock, record=core.record)
+
+
+def test_first_actions_are_reclaim_then_a_full_claim(queue: WorkerPlan) -> None:
     core = core_for(queue, concurrency=8, batch_size=5)
     assert core.next_action(0.0) == Maintain()
     assert core.next_action(0.0) == Claim(5)
 
 
-def test_intervals_derive_from_the_shortest_lease(queue: Queue) -> None:
+def test_intervals_derive_from_the_shortest_lease(queue: WorkerPlan) -> None:
     core = core_for(queue)
     assert core.heartbeat_interval == 1.0  # task b's 4 s lease / 4
     # Half the shortest lease (task b's 4 s): a lost job of b waits at most 2 s for a sweep.
@@ -68,21 +124,21 @@ def test_intervals_derive_from_the_shortest_lease(queue: Queue) -> None:
     assert core.claim_params(3)["lease_map"] == '{"b": 4.0}'
 
 
-def test_partial_claim_sleeps_until_next_due_or_poll_interval(queue: Queue) -> None:
+def test_partial_claim_sleeps_until_next_due_or_poll_interval(queue: WorkerPlan) -> None:
     # Task a only: its 20 s lease puts the next sweep at 5 s, out of this test's way.
     core = core_for(queue, concurrency=4, poll_interval=2.0, tasks=["a"])
     core.next_action(0.0)  # maintenance
-    soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=0.5)
+    soon = T0 + dt.timedelta(seconds=0.5)
     core.accept_claim([empty(soon)], 4, 0.0, lambda job: None)
     action = core.next_action(0.0)
     assert isinstance(action, Wait)
-    assert 0.3 < action.timeout <= 0.5
+    assert action == Wait(0.5)  # read on the core's clock, not the real one
     core.accept_claim([empty(None)], 4, 1.0, lambda job: None)
     action = core.next_action(1.0)
     assert action == Wait(2.0)
 
 
-def test_full_batch_polls_again_at_once_and_capacity_bounds_claims(queue: Queue) -> None:
+def test_full_batch_polls_again_at_once_and_capacity_bounds_claims(queue: WorkerPlan) -> None:
     core = core_for(queue, concurrency=3, batch_size=2)
     core.next_action(0.0)
     running = core.accept_claim([row(1), row(2)], 2, 0.0, lambda job: None)
@@ -91,53 +147,53 @@ def test_full_batch_polls_again_at_once_and_capacity_bounds_claims(queue: Queue)
     core.accept_claim([row(3)], 1, 0.0, lambda job: None)
     # Full: nothing to do until a handler reports back.
     assert isinstance(core.next_action(0.0), Wait)
-    core.record(running[0], core.outcome_of_return(running[0], 7))
+    core.record(running[0], returned(core, running[0], 7))
     # Two handlers still run: the ack waits a moment for company...
     assert core.next_action(0.0) == Wait(0.005)
     # ...then goes. The batch was full, so more is likely waiting: ack and claim together.
     assert core.next_action(0.005) == Flush(claim=1)
     outcomes, params = core.take_outcomes()
     assert [o.kind for o in outcomes] == [OutcomeKind.SUCCEEDED]
-    assert '"result": 7' in params["outcomes"]
+    assert '"result":7' in params["outcomes"]
 
 
-def test_acks_gather_until_a_batch_or_the_delay(queue: Queue) -> None:
+def test_acks_gather_until_a_batch_or_the_delay(queue: WorkerPlan) -> None:
     core = core_for(queue, concurrency=3, batch_size=3, ack_delay=0.01)
     core.next_action(0.0)
     a, b, c = core.accept_claim([row(1), row(2), row(3)], 3, 0.0, lambda j: None)
-    core.record(a, core.outcome_of_return(a, None))
+    core.record(a, returned(core, a, None))
     assert core.next_action(1.0) == Wait(pytest.approx(0.01))
-    core.record(b, core.outcome_of_return(b, None))
+    core.record(b, returned(core, b, None))
     assert core.next_action(1.004) == Wait(pytest.approx(0.006))
-    core.record(c, core.outcome_of_return(c, None))
+    core.record(c, returned(core, c, None))
     # Nothing runs any more: ack now, and claim in the same transaction.
     assert core.next_action(1.005) == Flush(claim=3)
     outcomes, _ = core.take_outcomes()
     assert [o.job_id for o in outcomes] == [1, 2, 3]
 
 
-def test_ack_alone_when_the_queue_looked_empty(queue: Queue) -> None:
+def test_ack_alone_when_the_queue_looked_empty(queue: WorkerPlan) -> None:
     core = core_for(queue, concurrency=3, poll_interval=1.0)
     core.next_action(0.0)
     (job,) = core.accept_claim([row(1)], 3, 0.0, lambda j: None)
-    core.record(job, core.outcome_of_return(job, None))
+    core.record(job, returned(core, job, None))
     # The last claim came back short: no point claiming again before the poll interval.
     assert core.next_action(0.1) == Flush()
 
 
-def test_failure_retries_with_policy_then_fails(queue: Queue) -> None:
+def test_failure_retries_with_policy_then_fails(queue: WorkerPlan) -> None:
     core = core_for(queue)
     core.next_action(0.0)
     first, last = core.accept_claim(
         [row(1, attempt=1), row(2, attempt=2)], 10, 0.0, lambda job: None
     )
-    retry = core.outcome_of_error(first, ValueError("x"))
-    final = core.outcome_of_error(last, ValueError("x"))
+    retry = raised(core, first, ValueError("x"))
+    final = raised(core, last, ValueError("x"))
     assert (retry.kind, retry.delay) == (OutcomeKind.RETRY, 5)
     assert final.kind is OutcomeKind.FAILED
 
 
-def test_poison_and_malformed_rows_fail_without_running(queue: Queue) -> None:
+def test_poison_and_malformed_rows_fail_without_running(queue: WorkerPlan) -> None:
     core = core_for(queue)
     core.next_action(0.0)
     runnable = core.accept_claim(
@@ -156,14 +212,14 @@ def test_poison_and_malformed_rows_fail_without_running(queue: Queue) -> None:
     assert "malformed payload" in outcomes[1].error["message"]  # type: ignore[index]
 
 
-def test_burst_stops_only_after_an_empty_claim_with_nothing_running(queue: Queue) -> None:
-    core = WorkerCore(queue, WorkerSettings(concurrency=2), burst=True)
+def test_burst_stops_only_after_an_empty_claim_with_nothing_running(queue: WorkerPlan) -> None:
+    core = core_for(queue, concurrency=2, burst=True)
     core.next_action(0.0)
     (job,) = core.accept_claim([row(1)], 2, 0.0, lambda j: None)
     assert core.next_action(0.0) == Claim(1)
     core.accept_claim([empty()], 1, 0.0, lambda j: None)
     assert isinstance(core.next_action(0.0), Wait)  # job 1 still runs
-    core.record(job, core.outcome_of_return(job, None))
+    core.record(job, returned(core, job, None))
     assert core.next_action(0.0) == Flush()
     outcomes, _ = core.take_outcomes()
     core.completed(outcomes, [1])
@@ -173,14 +229,14 @@ def test_burst_stops_only_after_an_empty_claim_with_nothing_running(queue: Queue
     assert core.next_action(0.0) == Stop()
 
 
-def test_shutdown_waits_then_releases_unfinished_jobs(queue: Queue) -> None:
+def test_shutdown_waits_then_releases_unfinished_jobs(queue: WorkerPlan) -> None:
     core = core_for(queue, shutdown_timeout=10.0)
     core.next_action(0.0)
     done, stuck = core.accept_claim([row(1), row(2, attempt=1)], 10, 0.0, lambda j: None)
     core.request_stop(100.0)
     assert core.stop_flag.is_set()
     assert core.next_action(101.0) == Wait(9.0)  # no claims while stopping
-    core.record(done, core.outcome_of_return(done, None))
+    core.record(done, returned(core, done, None))
     assert core.next_action(102.0) == Flush()
     core.completed(*_applied(core))
     assert core.next_action(111.0) == Flush()  # timeout: release what still runs
@@ -188,7 +244,7 @@ def test_shutdown_waits_then_releases_unfinished_jobs(queue: Queue) -> None:
     assert [(o.job_id, o.kind) for o in outcomes] == [(2, OutcomeKind.RELEASE)]
     core.completed(outcomes, [2])
     # A handler that finishes after its release is ignored: the database has it back.
-    core.record(stuck, core.outcome_of_return(stuck, None))
+    core.record(stuck, returned(core, stuck, None))
     assert core.next_action(112.0) == Stop()
 
 
@@ -197,25 +253,53 @@ def _applied(core: WorkerCore) -> tuple[list[Any], list[int]]:
     return outcomes, [o.job_id for o in outcomes]
 
 
-def test_fenced_outcomes_are_counted_not_applied(queue: Queue) -> None:
+def test_fenced_outcomes_are_counted_not_applied(queue: WorkerPlan) -> None:
     core = core_for(queue)
     core.next_action(0.0)
     a, b = core.accept_claim([row(1), row(2)], 10, 0.0, lambda j: None)
-    core.record(a, core.outcome_of_return(a, None))
-    core.record(b, core.outcome_of_return(b, None))
+    core.record(a, returned(core, a, None))
+    core.record(b, returned(core, b, None))
     outcomes, _ = core.take_outcomes()
     core.completed(outcomes, [1])
     assert (core.stats["succeeded"], core.stats["fenced"]) == (1, 1)
 
 
-def test_failed_flush_keeps_outcomes_for_the_next_try(queue: Queue) -> None:
+def test_failed_flush_keeps_outcomes_for_the_next_try(queue: WorkerPlan) -> None:
     core = core_for(queue)
     core.next_action(0.0)
     (a,) = core.accept_claim([row(1)], 10, 0.0, lambda j: None)
-    core.record(a, core.outcome_of_return(a, None))
+    core.record(a, returned(core, a, None))
     outcomes, _ = core.take_outcomes()
     core.flush_failed(outcomes)
     assert core.database_error(Flush(), RuntimeError("down"), 0.0) == pytest.approx(0.1)
     assert core.database_error(Flush(), RuntimeError("down"), 0.0) == pytest.approx(0.2)
     assert core.next_action(0.0) == Flush()
     assert core.held() == ([1], [1])
+
+
+def test_seat_offsets_come_from_the_injected_generator(queue: WorkerPlan) -> None:
+    first = [core_for(queue).claim_params(5)["seat_offset"] for _ in range(2)]
+    assert first[0] == first[1] == random.Random(7).randrange(1 << 30)
+
+
+def test_a_refused_row_is_stamped_by_the_core_clock(queue: WorkerPlan) -> None:
+    core = core_for(queue)
+    core.next_action(0.0)
+    assert core.accept_claim([row(1, task="gone")], 10, 0.0, lambda j: None) == []
+    (outcome,) = core.take_outcomes()[0]
+    assert outcome.kind is OutcomeKind.FAILED
+    assert outcome.error is not None and outcome.error["at"] == T0.isoformat()
+    assert "no handler for task 'gone'" in outcome.error["message"]
+
+
+def test_a_handler_runs_with_arguments_decoded_at_claim_time(queue: WorkerPlan) -> None:
+    core = core_for(queue)
+    core.next_action(0.0)
+    (job,) = core.accept_claim(
+        [row(1, payload={"args": [], "kwargs": {"x": 41}})], 10, 0.0, lambda j: None
+    )
+    assert (job.args, job.kwargs) == ([], {"x": 41})
+    _runner(core).run_sync(job)  # records its outcome in the core, once
+    outcomes, params = core.take_outcomes()
+    assert [(o.job_id, o.kind, o.result) for o in outcomes] == [(1, OutcomeKind.SUCCEEDED, 41)]
+    assert params["outcomes"] == "[" + outcomes[0].encoded + "]"

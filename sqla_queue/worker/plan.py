@@ -1,0 +1,79 @@
+"""The worker plan: everything a worker needs from a :class:`~sqla_queue.Queue`, resolved once.
+
+A worker never sees the ``Queue``. The queue builds a frozen :class:`WorkerPlan` for the
+tasks a worker serves: its tables, whether enqueues notify, and per task a
+:class:`TaskRuntime` with the handler and every default already settled (retry policy,
+attempts, lease, reclaims, declared limit). The core's unit tests build plans by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqla_queue.core.backoff import RetryPolicy
+from sqla_queue.models.tables import QueueTables
+
+__all__ = ["TaskRuntime", "WorkerPlan"]
+
+
+@dataclass(frozen=True)
+class TaskRuntime:
+    """One task as a worker runs it: the handler and its resolved defaults."""
+
+    name: str
+    handler: Callable[..., Any]
+    #: ``async def`` handlers run on an event loop, ``def`` ones in threads.
+    is_async: bool
+    #: Pass a :class:`~sqla_queue.JobContext` as the handler's first argument.
+    pass_context: bool
+    max_attempts: int
+    retry: RetryPolicy
+    #: Seconds without a heartbeat after which a running execution counts as lost.
+    lease: float
+    #: How often a job may be lost before it is failed instead of run again.
+    max_reclaims: int
+    #: The limit declared in code; a stored limit wins over it.
+    declared_limit: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """What one worker serves, fixed before its first claim."""
+
+    tables: QueueTables
+    #: Enqueues send a NOTIFY: the worker listens unless its settings say otherwise.
+    notify: bool
+    #: The queue-wide lost interval: the claim's fallback for tasks without their own.
+    default_lease: float
+    #: The tasks this worker claims, by name (never empty).
+    tasks: Mapping[str, TaskRuntime]
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ValueError("a worker plan needs at least one task")
+
+    @property
+    def task_names(self) -> list[str]:
+        """The served task names, sorted (the claim's ``tasks`` parameter)."""
+        return sorted(self.tasks)
+
+    @property
+    def declared_limits(self) -> dict[str, int]:
+        """Limits declared in code for the served tasks."""
+        return {
+            name: runtime.declared_limit
+            for name, runtime in self.tasks.items()
+            if runtime.declared_limit is not None
+        }
+
+    @property
+    def shortest_lease(self) -> float:
+        """The shortest lease of any served task (or the queue's, if shorter)."""
+        return min([self.default_lease, *(t.lease for t in self.tasks.values())])
+
+    @property
+    def has_async(self) -> bool:
+        """Whether any served task has an ``async def`` handler."""
+        return any(t.is_async for t in self.tasks.values())

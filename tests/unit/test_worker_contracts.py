@@ -1,0 +1,79 @@
+"""Each Python-SQL contract of the worker is written once and held to its SQL here.
+
+A statement builder's parameter record (a ``TypedDict`` next to it) must name exactly the
+parameters its statement binds; the outcome row the worker encodes must carry exactly the
+columns the completion reads. Compiled with the PostgreSQL dialect, no database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, get_type_hints
+
+import pytest
+from sqlalchemy import MetaData
+from sqlalchemy.dialects import postgresql
+
+from sqla_queue.core.outcomes import Outcome, OutcomeKind, OutcomeRow
+from sqla_queue.models import QueueTables, build_tables
+from sqla_queue.statements import (
+    claim_statement,
+    cleanup_statement,
+    clear_done_statement,
+    complete_statement,
+    heartbeat_statement,
+    orphan_sweep_statement,
+    promote_statement,
+    reclaim_statement,
+)
+from sqla_queue.statements.claim import ClaimParams, LimitedClaimParams
+from sqla_queue.statements.complete import OUTCOME_COLUMNS, CompleteParams
+from sqla_queue.statements.keys import CleanupParams, KeysParams, SweepParams
+from sqla_queue.statements.liveness import HeartbeatParams, ReclaimParams
+
+pytestmark = pytest.mark.unit
+
+CONTRACTS: list[tuple[str, Callable[[QueueTables], Any], type]] = [
+    ("claim", claim_statement, ClaimParams),
+    ("limited claim", lambda t: claim_statement(t, limited=True), LimitedClaimParams),
+    ("complete", complete_statement, CompleteParams),
+    ("heartbeat", heartbeat_statement, HeartbeatParams),
+    ("reclaim", reclaim_statement, ReclaimParams),
+    ("clear done", clear_done_statement, KeysParams),
+    ("promote", promote_statement, KeysParams),
+    ("cleanup", cleanup_statement, CleanupParams),
+    ("orphan sweep", orphan_sweep_statement, SweepParams),
+]
+
+
+def required_binds(statement: Any) -> set[str]:
+    """The parameters a caller must supply: binds SQLAlchemy has no value for."""
+    compiled = statement.compile(dialect=postgresql.psycopg.dialect())
+    return {name for name, bind in compiled.binds.items() if bind.required}
+
+
+@pytest.mark.parametrize(("name", "build", "record"), CONTRACTS, ids=[c[0] for c in CONTRACTS])
+def test_parameter_record_names_exactly_the_statement_binds(
+    name: str, build: Callable[[QueueTables], Any], record: type
+) -> None:
+    tables = build_tables(MetaData(), schema="app")
+    assert required_binds(build(tables)) == set(get_type_hints(record)), name
+
+
+def test_the_contract_check_can_fail() -> None:
+    tables = build_tables(MetaData())
+    # The plain claim binds fewer parameters than the limited record names.
+    assert required_binds(claim_statement(tables)) != set(get_type_hints(LimitedClaimParams))
+
+
+def test_outcome_row_keys_are_the_completion_columns_in_order() -> None:
+    assert list(get_type_hints(OutcomeRow)) == [c.name for c in OUTCOME_COLUMNS]
+    row = Outcome(1, 2, OutcomeKind.RETRY, delay=3.0).as_row()
+    assert list(row) == [c.name for c in OUTCOME_COLUMNS]
+
+
+def test_outcome_kind_groups_cover_every_kind_once() -> None:
+    final, requeue = set(OutcomeKind.final()), set(OutcomeKind.back_to_pending())
+    assert final | requeue == set(OutcomeKind)
+    assert not final & requeue
+    assert set(OutcomeKind.recorded()) == final | {OutcomeKind.RETRY}
