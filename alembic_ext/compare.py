@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from alembic.autogenerate.api import AutogenContext
@@ -33,7 +33,11 @@ from sqlalchemy import MetaData, Table
 from alembic_ext import versions
 from alembic_ext.ops import CreateQueueOp, DropQueueOp, QueueOp, UpgradeQueueOp
 from sqla_queue.errors import InvalidIdentifierError
-from sqla_queue.models.tables import QueueTables, parse_schema_version_comment
+from sqla_queue.models.tables import (
+    QueueTables,
+    parse_schema_version_comment,
+    translated_schema,
+)
 from sqla_queue.schema.verify import inspect_schema
 
 __all__ = [
@@ -187,12 +191,14 @@ def plan_queue_op(
 
 def _included(autogen_context: AutogenContext, target: QueueTarget) -> bool:
     default_schema = autogen_context.dialect.default_schema_name
+    # The name filters see the schema as reflection does: after a schema_translate_map.
+    in_database = translated_schema(target.schema, _translate_map(autogen_context))
     # Alembic names the default schema None when it asks the filters; so do we.
-    schema_name = None if target.schema == default_schema else target.schema
+    schema_name = None if in_database == default_schema else in_database
     if (
-        target.schema is not None
+        schema_name is not None
         and autogen_context.opts.get("include_schemas", False)
-        and not autogen_context.run_name_filters(target.schema, "schema", {})
+        and not autogen_context.run_name_filters(schema_name, "schema", {})
     ):
         return False
     # The queue operation touches every table of the queue, so one excluded table is enough
@@ -275,11 +281,30 @@ def _targets(autogen_context: AutogenContext) -> list[QueueTarget]:
     return [t for t in find_queues(autogen_context.metadata) if _included(autogen_context, t)]
 
 
-def _owned_keys(targets: Sequence[QueueTarget], default_schema: str | None) -> set[TableKey]:
+def _translate_map(autogen_context: AutogenContext) -> Mapping[Any, Any] | None:
+    """The migration connection's ``schema_translate_map``, if it has one."""
+    connection = autogen_context.connection
+    if connection is None:
+        return None
+    found = connection.get_execution_options().get("schema_translate_map")
+    return found if isinstance(found, Mapping) else None
+
+
+def _owned_keys(
+    targets: Sequence[QueueTarget],
+    default_schema: str | None,
+    translate_map: Mapping[Any, Any] | None = None,
+) -> set[TableKey]:
+    """The ``(schema, table)`` keys of the queues' tables, as Alembic spells them.
+
+    Under a ``schema_translate_map`` the metadata names a table by its schema as declared,
+    and reflection by the schema it was translated to; both spellings belong to the queue.
+    """
     owned: set[TableKey] = set()
     for target in targets:
-        schema = None if target.schema == default_schema else target.schema
-        owned |= {(schema, t.name) for t in _queue_tables(target)}
+        for where in {target.schema, translated_schema(target.schema, translate_map)}:
+            schema = None if where == default_schema else where
+            owned |= {(schema, t.name) for t in _queue_tables(target)}
     return owned
 
 
@@ -298,7 +323,9 @@ def hide_queue_tables(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) 
     default_schema = autogen_context.dialect.default_schema_name
     # Also the tables of a queue the host's filters left out: a filter that names only some
     # of them must not turn the others into create_table or drop_table.
-    hidden = _owned_keys(find_queues(autogen_context.metadata), default_schema)
+    hidden = _owned_keys(
+        find_queues(autogen_context.metadata), default_schema, _translate_map(autogen_context)
+    )
     if not hidden:
         return
 
@@ -331,9 +358,13 @@ def compare_queues(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) -> 
     default_schema = autogen_context.dialect.default_schema_name
     targets: list[QueueTarget] = upgrade_ops.info.get(_TARGETS) or _targets(autogen_context)
 
+    translate_map = _translate_map(autogen_context)
     queue_ops: list[MigrateOperation] = []
     for target in targets:
-        report = inspect_schema(connection, target.tables)
+        # The database is read where the connection puts the tables; the operation keeps
+        # the declared schema, which the same translation moves when it runs.
+        in_database = replace(target.tables, schema=translated_schema(target.schema, translate_map))
+        report = inspect_schema(connection, in_database)
         absent = {m.table for m in report.missing if m.kind == "table"}
         existing = [t.name for t in (target.jobs, target.limits) if t.name not in absent]
         op = plan_queue_op(target, report.version, existing_tables=existing)
@@ -341,7 +372,7 @@ def compare_queues(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) -> 
             log.info("Detected sqla_queue change: %r", op)
             queue_ops.append(op)
         elif report.version == target.version and not report.ok:
-            listing = "; ".join(report.problems(target.schema))
+            listing = "; ".join(report.problems(in_database.schema))
             warnings.warn(
                 f"sqla_queue tables are at schema version {report.version} but differ from "
                 f"it: {listing}. Autogenerate does not repair hand-made changes; "
@@ -349,5 +380,5 @@ def compare_queues(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) -> 
                 QueueSchemaWarning,
                 stacklevel=2,
             )
-    owned = _owned_keys(find_queues(autogen_context.metadata), default_schema)
+    owned = _owned_keys(find_queues(autogen_context.metadata), default_schema, translate_map)
     rewrite_upgrade_ops(upgrade_ops, queue_ops, owned, default_schema)

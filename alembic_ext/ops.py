@@ -13,7 +13,7 @@ from alembic.operations import MigrateOperation, Operations
 
 from alembic_ext import versions
 from sqla_queue._identifiers import validate_prefix, validate_schema
-from sqla_queue.models.tables import DEFAULT_PREFIX
+from sqla_queue.models.tables import DEFAULT_PREFIX, translated_schema
 
 __all__ = [
     "CreateQueueOp",
@@ -23,6 +23,7 @@ __all__ = [
     "run_create_queue",
     "run_drop_queue",
     "run_upgrade_queue",
+    "target_schema",
 ]
 
 
@@ -169,21 +170,41 @@ def _execute_all(operations: Operations, statements: list[str]) -> None:
         operations.execute(statement)
 
 
+def target_schema(operations: Operations, schema: str | None) -> str | None:
+    """The schema an operation writes to: ``schema`` through the connection's translate map.
+
+    Alembic's own operations compile tables on the migration connection, so a
+    ``schema_translate_map`` execution option (one migration run per tenant schema) moves
+    them; the frozen DDL names its schema in text, so the queue operations apply the map
+    themselves. Offline (``--sql``) there is no connection, and ``schema`` is written as it
+    is, like Alembic writes the schema of its own tables.
+    """
+    context = operations.migration_context
+    connection = context.connection
+    if context.as_sql or connection is None:
+        return schema
+    translate_map = connection.get_execution_options().get("schema_translate_map")
+    return translated_schema(schema, translate_map)
+
+
 def run_create_queue(operations: Operations, operation: CreateQueueOp) -> None:
     """Implementation of :class:`CreateQueueOp`: frozen DDL only, so ``--sql`` works."""
-    statements = versions.create_statements(operation.version, operation.schema, operation.prefix)
+    schema = target_schema(operations, operation.schema)
+    statements = versions.create_statements(operation.version, schema, operation.prefix)
     _execute_all(operations, statements)
 
 
 def run_drop_queue(operations: Operations, operation: DropQueueOp) -> None:
     """Implementation of :class:`DropQueueOp`."""
-    statements = versions.drop_statements(operation.version, operation.schema, operation.prefix)
+    schema = target_schema(operations, operation.schema)
+    statements = versions.drop_statements(operation.version, schema, operation.prefix)
     _execute_all(operations, statements)
 
 
 def run_upgrade_queue(operations: Operations, operation: UpgradeQueueOp) -> None:
     """Implementation of :class:`UpgradeQueueOp`."""
+    schema = target_schema(operations, operation.schema)
     statements = versions.migrate_statements(
-        operation.from_version, operation.to_version, operation.schema, operation.prefix
+        operation.from_version, operation.to_version, schema, operation.prefix
     )
     _execute_all(operations, statements)

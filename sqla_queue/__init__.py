@@ -10,12 +10,14 @@
 from sqla_queue.core.backoff import RetryPolicy
 from sqla_queue.core.outcomes import Reschedule, Retry
 from sqla_queue.errors import (
+    InsufficientPrivilegeError,
     InvalidIdentifierError,
     PayloadNotSerializableError,
     SchemaMismatchError,
     SqlaQueueError,
     TaskAlreadyRegisteredError,
     UnknownTaskError,
+    WorkerStoppedError,
 )
 from sqla_queue.models import SCHEMA_VERSION, Job, JobExecution, JobStatus
 from sqla_queue.queue import Queue
@@ -40,6 +42,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AsyncWorker",
     "EnqueueOptions",
+    "InsufficientPrivilegeError",
     "InvalidIdentifierError",
     "Job",
     "JobContext",
@@ -59,5 +62,6 @@ __all__ = [
     "UnknownTaskError",
     "Worker",
     "WorkerSettings",
+    "WorkerStoppedError",
     "__version__",
 ]

@@ -9,9 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-__all__ = ["UNIQUE_VIOLATION", "constraint_of", "is_unique_violation_of", "sqlstate_of"]
+__all__ = [
+    "INSUFFICIENT_PRIVILEGE",
+    "UNIQUE_VIOLATION",
+    "constraint_of",
+    "is_unique_violation_of",
+    "sqlstate_of",
+]
 
 UNIQUE_VIOLATION = "23505"
+#: ``permission denied`` for a table, schema or other object.
+INSUFFICIENT_PRIVILEGE = "42501"
 
 
 def _chain(exc: BaseException) -> list[object]:

@@ -27,8 +27,14 @@ from sqlalchemy.sql.compiler import SQLCompiler
 
 from sqla_queue._binds import AnyBind, scalars_each
 from sqla_queue._identifiers import validate_task_name
-from sqla_queue.core.payload import dump_json, encode_json, make_payload
-from sqla_queue.errors import UnknownTaskError
+from sqla_queue.core.payload import (
+    check_storable,
+    encode_json,
+    make_payload,
+    shape_suspect,
+    text_suspect,
+)
+from sqla_queue.errors import PayloadNotSerializableError, UnknownTaskError
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.spec import EnqueueOptions, JobSpec
 from sqla_queue.statements.enqueue import EnqueueParams, EnqueueRow, enqueue_statement
@@ -117,7 +123,20 @@ class KnownTasks:
 
 
 def _row(spec: JobSpec, defaults: TaskDefaults, seq: int) -> EnqueueRow:
+    _check_keys(spec.task, spec.args, spec.kwargs)
     return _fields(spec.task, spec.args, spec.kwargs, spec.options, defaults, seq)
+
+
+def _check_keys(task: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Refuse a keyword that is not a string (in a JobSpec's or a by-name call's mapping).
+
+    The encoder would silently turn it into one, and the encoded text cannot show it
+    (``kwargs`` is one of the row's own objects, see :func:`_dump_chunk`). The keys of
+    ``**kwargs`` are always strings, so ``Task.enqueue`` needs no such check.
+    """
+    for key in kwargs:
+        if not isinstance(key, str):
+            check_storable(make_payload(args, kwargs), task=task)
 
 
 def _fields(
@@ -179,13 +198,31 @@ def encode_one(
 
 
 def _dump_chunk(rows: list[EnqueueRow]) -> str:
+    """The JSON text of ``rows``, or :class:`~sqla_queue.PayloadNotSerializableError`.
+
+    Each row's payload must be storable as PostgreSQL ``jsonb`` (see
+    :mod:`sqla_queue.core.payload`). The encoder refuses non-JSON types and NaN itself; the
+    rest (NUL, lone surrogates, non-string keys, depth) is proven absent from the encoded
+    text in a few C-speed scans, discounting the rows' own structure (per row the row,
+    payload and kwargs objects and the args array, plus the enclosing array), and only a
+    suspect text costs a walk of the payloads (of their strings only if the text holds a
+    NUL or a lone surrogate).
+    """
     try:
-        return encode_json(rows)
-    except (TypeError, ValueError):
+        text = encode_json(rows)
+    except (TypeError, ValueError, RecursionError) as exc:
         # Slow path, only on failure: find the row to blame by name.
         for row in rows:
-            dump_json(row["payload"], task=row["task"])
-        raise
+            check_storable(row["payload"], task=row["task"])
+        raise PayloadNotSerializableError(
+            f"cannot enqueue: a job's arguments are not JSON-serializable ({exc})"
+        ) from exc
+    count = len(rows)
+    strings = text_suspect(text)
+    if strings or shape_suspect(text, objects=3 * count, arrays=count + 1, depth=2):
+        for row in rows:
+            check_storable(row["payload"], task=row["task"], strings=strings)
+    return text
 
 
 class Enqueuer:
@@ -275,6 +312,7 @@ class Enqueuer:
 
     def enqueue_spec(self, session: AnyBind, spec: JobSpec) -> int | Coroutine[Any, Any, int]:
         """Enqueue one call; the id, or a coroutine of it for async sessions."""
+        _check_keys(spec.task, spec.args, spec.kwargs)
         return self.enqueue_call(session, spec.task, spec.args, spec.kwargs, spec.options)
 
     def enqueue_specs(
@@ -282,8 +320,10 @@ class Enqueuer:
     ) -> list[int] | Coroutine[Any, Any, list[int]]:
         """Validate, serialize and write ``specs``, a few thousand per statement.
 
-        All specs are checked before the first row is written. Returns ids in input order
-        (or a coroutine of them for async sessions).
+        All specs are checked before the first row is written, and the chunks are written
+        in one transaction, even on an AUTOCOMMIT connection (see
+        :func:`~sqla_queue._binds.scalars_each`): a batch is written whole or not at all.
+        Returns ids in input order (or a coroutine of them for async sessions).
         """
         specs = specs if isinstance(specs, Sequence) else list(specs)
         chunks = prepare_rows(specs, self.defaults)

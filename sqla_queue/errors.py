@@ -6,6 +6,7 @@ Every error a user can trigger names what was wrong and, where there is one, the
 from __future__ import annotations
 
 __all__ = [
+    "InsufficientPrivilegeError",
     "InvalidIdentifierError",
     "PayloadNotSerializableError",
     "SchemaMismatchError",
@@ -41,3 +42,25 @@ class SchemaMismatchError(SqlaQueueError, RuntimeError):
     def __init__(self, message: str, missing: list[str]) -> None:
         super().__init__(message)
         self.missing = missing
+
+
+class InsufficientPrivilegeError(SqlaQueueError, RuntimeError):
+    """The connected role lacks a privilege the queue needs on its schema or tables.
+
+    ``missing`` names each missing privilege (``SELECT on table app.sqla_queue_jobs``);
+    the message also gives the ``GRANT`` statements that fix it.
+    """
+
+    def __init__(self, message: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+class WorkerStoppedError(SqlaQueueError, RuntimeError):
+    """The worker stopped because it cannot do its job, and retrying would not help.
+
+    Raised by ``run()`` after a graceful stop (running handlers finished or handed back,
+    every worker thread stopped). The message names what is wrong and how to fix it: a
+    privilege the worker's role lacks, a table that is missing, or an outcome the database
+    refused even as a plain failure.
+    """

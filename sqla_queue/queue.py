@@ -26,7 +26,7 @@ from sqla_queue.spec import (
     check_keywords,
     make_enqueue_options,
 )
-from sqla_queue.task import Task, TaskKwargs, TaskOptions
+from sqla_queue.task import Task, TaskKwargs, TaskOptions, check_settings
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import async_sessionmaker
@@ -68,7 +68,9 @@ class Queue:
     Args:
         base: the host's declarative base class.
         metadata: a ``MetaData``, for hosts without a declarative base.
-        schema: PostgreSQL schema of the queue's tables (default: the search path).
+        schema: PostgreSQL schema of the queue's tables (default: the metadata's own
+            ``schema``, else the search path; giving one that differs from the metadata's
+            raises :class:`~sqla_queue.InvalidIdentifierError`).
         prefix: table-name prefix (default ``sqla_queue_``).
         notify: send one NOTIFY per committing transaction that enqueued work, so idle
             workers wake at once. Polling remains the fallback either way.
@@ -105,20 +107,30 @@ class Queue:
         else:
             assert metadata is not None
             reg = Registry(metadata=metadata)
-        if lost_interval <= 0:
-            raise ValueError("lost_interval must be positive")
-        if max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
+        # The queue's defaults follow the rules of the task settings they stand for.
+        defaults = check_settings(
+            {
+                "lost_interval": lost_interval,
+                "max_reclaims": max_reclaims,
+                "max_attempts": max_attempts,
+                "retry": retry,
+            }
+        )
+        for name in ("lost_interval", "max_reclaims", "max_attempts"):
+            if defaults[name] is None:
+                raise TypeError(f"Queue({name}=None): give a value, or leave it out")
+        if not isinstance(notify, bool):
+            raise TypeError(f"notify must be True or False, got {notify!r}")
         self.metadata: MetaData = metadata
         self.tables = build_tables(metadata, schema=schema, prefix=prefix)
         self.Job: type[Job]
         self.JobExecution: type[JobExecution]
         self.Job, self.JobExecution = map_classes(reg, self.tables)
         self.notify = notify
-        self.lost_interval = lost_interval
-        self.max_reclaims = max_reclaims
-        self.max_attempts = max_attempts
-        self.retry = retry or RetryPolicy()
+        self.lost_interval: float = defaults["lost_interval"]
+        self.max_reclaims: int = defaults["max_reclaims"]
+        self.max_attempts: int = defaults["max_attempts"]
+        self.retry: RetryPolicy = defaults["retry"] or RetryPolicy()
         self._tasks: dict[str, Task[Any, Any]] = {}
         # The names enqueue accepts (registered or declared) and their rows' defaults.
         self._known = KnownTasks()
@@ -182,31 +194,38 @@ class Queue:
                 ``concurrency_limit`` (none by default).
         """
         check_keywords("Queue.task", options, TaskKwargs.__annotations__)
-        name = options.get("name")
-        max_attempts = options.get("max_attempts")
-        retry = options.get("retry")
-        lost_interval = options.get("lost_interval")
-        max_reclaims = options.get("max_reclaims")
-        concurrency_limit = options.get("concurrency_limit")
+        # Every value is checked here, when the decorator is built, so a bad one fails at
+        # the decorator's line, not at the first enqueue or in a worker.
+        settings = check_settings(dict(options))
+        name = settings.get("name")
+        if name is not None:
+            validate_task_name(name)
+        if not isinstance(pass_context, bool):
+            raise TypeError(f"pass_context must be True or False, got {pass_context!r}")
+        # The rule of a stored limit (queue.set_limit) holds for a declared one too.
+        concurrency_limit = admin.check_limit(settings.get("concurrency_limit"))
+        priority = settings.get("priority")
+        max_attempts = settings.get("max_attempts")
+        retry = settings.get("retry")
+        lost_interval = settings.get("lost_interval")
+        max_reclaims = settings.get("max_reclaims")
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
-            task_name = validate_task_name(name or f"{func.__module__}.{func.__qualname__}")
+            # An empty name is refused above, never replaced by the function's.
+            task_name = validate_task_name(
+                f"{func.__module__}.{func.__qualname__}" if name is None else name
+            )
             if task_name in self._tasks:
                 raise TaskAlreadyRegisteredError(
                     f"task {task_name!r} is already registered to "
                     f"{self._tasks[task_name].fn!r}; give one of them another name="
                 )
-            if max_attempts is not None and max_attempts < 1:
-                raise ValueError("max_attempts must be at least 1")
-            if lost_interval is not None and lost_interval <= 0:
-                raise ValueError("lost_interval must be positive")
-            _check_limit(concurrency_limit, allow_none=True)
             # Every default is resolved here, once: workers read the task's own values.
             task_options = TaskOptions(
                 name=task_name,
-                priority=options.get("priority", 0),
-                max_attempts=max_attempts or self.max_attempts,
-                retry=retry or self.retry,
+                priority=0 if priority is None else priority,
+                max_attempts=self.max_attempts if max_attempts is None else max_attempts,
+                retry=self.retry if retry is None else retry,
                 lost_interval=self.lost_interval if lost_interval is None else lost_interval,
                 max_reclaims=self.max_reclaims if max_reclaims is None else max_reclaims,
                 pass_context=pass_context,
@@ -230,9 +249,15 @@ class Queue:
 
         Producers that live apart from the workers declare the names they send, so a typo
         still fails at enqueue time instead of leaving a job no worker will ever claim.
+        ``priority`` and ``max_attempts`` follow the rules of ``@queue.task``'s.
         """
         validate_task_name(name)
-        self._known.declare(name, TaskDefaults(priority, max_attempts or self.max_attempts))
+        settings = check_settings({"priority": priority, "max_attempts": max_attempts})
+        if settings["priority"] is None:
+            raise TypeError("declare_task(priority=None): give a whole number, or leave it out")
+        if settings["max_attempts"] is None:
+            settings["max_attempts"] = self.max_attempts
+        self._known.declare(name, TaskDefaults(settings["priority"], settings["max_attempts"]))
 
     @property
     def tasks(self) -> Mapping[str, Task[Any, Any]]:
@@ -296,6 +321,10 @@ class Queue:
             raise TypeError(
                 f"kwargs must be a mapping of the task's keyword arguments, got {kwargs!r}"
             )
+        if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+            raise TypeError(
+                f"args must be a list or tuple of the task's positional arguments, got {args!r}"
+            )
         spec = JobSpec(task, tuple(args), dict(kwargs or {}), make_enqueue_options(**options))
         return self._enqueuer.enqueue_spec(session, spec)
 
@@ -315,7 +344,9 @@ class Queue:
         """Enqueue many calls in ``session``'s transaction, a few thousand per statement.
 
         ``queue.enqueue_many(session, (send_email.call(to=a) for a in addresses))``. All
-        specs are validated before the first row is written. Returns ids in input order.
+        specs are validated before the first row is written, and the batch is written in
+        one transaction (its own on an AUTOCOMMIT connection): all of it or nothing.
+        Returns ids in input order.
         """
         return self._enqueuer.enqueue_specs(session, specs)
 
@@ -345,7 +376,12 @@ class Queue:
         """Check in one catalog query that every object this version needs exists.
 
         Raises :class:`~sqla_queue.SchemaMismatchError` naming each missing object, the
-        database's schema version, the library's, and the command that fixes it.
+        database's schema version, the library's, and the command that fixes it. The same
+        query reads the connected role's privileges: without one that workers and producers
+        need (``USAGE`` on the schema, ``SELECT``, ``INSERT``, ``UPDATE``, ``DELETE`` on the
+        jobs and executions tables, ``SELECT`` on the limits table), it raises
+        :class:`~sqla_queue.InsufficientPrivilegeError` naming each one and the ``GRANT``
+        that fixes it.
         """
         from sqla_queue.schema.verify import verify_schema
 
@@ -365,7 +401,8 @@ class Queue:
         """Put failed or cancelled jobs back in the queue; returns the ids requeued.
 
         Attempts start over; the error history is kept. Jobs in any other state are left
-        alone. Runs in ``session``'s transaction: commit it for the jobs to run.
+        alone. Runs in ``session``'s transaction: commit it for the jobs to run. An id that
+        is not a whole number, or is beyond ``bigint``, raises before anything is executed.
         """
         return admin.requeue(session, self.tables, job_ids)
 
@@ -393,7 +430,8 @@ class Queue:
         """Delete finished jobs older than ``older_than``; returns how many went.
 
         Succeeded and cancelled jobs are deleted; failed ones only with
-        ``include_failed=True``, since they wait for inspection and requeue.
+        ``include_failed=True``, since they wait for inspection and requeue. A negative
+        ``older_than`` raises :class:`ValueError` (it would delete every finished job).
         """
         return admin.prune(
             session, self.tables, older_than=older_than, include_failed=include_failed
@@ -407,9 +445,21 @@ class Queue:
         ``session``'s transaction. A changed value applies at the next claim; a limit on a
         task that had none reaches running workers within their maintenance interval (5 s
         by default).
+
+        ``limit`` is a whole number from 1 to 2,147,483,647, else :class:`ValueError`. A
+        limit is stored only for a task registered or declared (:meth:`declare_task`) on
+        this queue, else :class:`~sqla_queue.UnknownTaskError` lists the known ones: a typo
+        would store a limit that no worker reads. Removing one (``None``) takes any valid
+        name, so a stored limit of a task that is gone can be cleared.
         """
-        validate_task_name(task)
-        _check_limit(limit, allow_none=True)
+        admin.check_limit(limit)
+        if limit is None:
+            validate_task_name(task)
+        else:
+            try:
+                self._defaults_for(task)
+            except UnknownTaskError as exc:
+                raise UnknownTaskError(f"cannot store a concurrency limit: {exc}") from None
         admin.set_limit(session, self.tables, task, limit)
 
     def limits(self, session: Session | Connection) -> dict[str, TaskLimit]:
@@ -478,10 +528,3 @@ class Queue:
         worker_settings = WorkerSettings(**settings)
         plan = self.worker_plan(worker_settings.tasks)
         return AsyncWorker(plan, session_factory, worker_settings)
-
-
-def _check_limit(limit: int | None, *, allow_none: bool) -> None:
-    if limit is None and allow_none:
-        return
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"a concurrency limit must be a whole number >= 1, got {limit!r}")

@@ -12,17 +12,65 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from sqla_queue.core.backoff import RetryPolicy
+from sqla_queue.core.times import check_seconds
 from sqla_queue.enqueue import Enqueuer
 from sqla_queue.spec import (
+    INT4_MIN,
     OPTION_NAMES,
     EnqueueKwargs,
     EnqueueOptions,
     JobSpec,
     check_keywords,
+    check_whole_number,
     make_enqueue_options,
 )
 
-__all__ = ["Task", "TaskKwargs", "TaskOptions"]
+__all__ = [
+    "MAX_LOST_INTERVAL",
+    "SETTING_CHECKS",
+    "Task",
+    "TaskKwargs",
+    "TaskOptions",
+    "check_settings",
+]
+
+#: The longest lost interval, in seconds: a year. The reclaimer subtracts it from the
+#: database clock, which a much larger value would take out of PostgreSQL's range.
+MAX_LOST_INTERVAL = 365 * 86_400.0
+
+
+def _check_retry(value: object) -> RetryPolicy:
+    if not isinstance(value, RetryPolicy):
+        raise TypeError(f"retry must be a RetryPolicy, got {value!r} ({type(value).__name__})")
+    return value
+
+
+#: How each task setting is checked (and normalized); shared by ``@queue.task``,
+#: ``queue.declare_task`` and ``Queue(...)``, whose defaults follow the same rules.
+SETTING_CHECKS: dict[str, Callable[[object], Any]] = {
+    # The priority column is a PostgreSQL integer.
+    "priority": lambda value: check_whole_number("priority", value, INT4_MIN),
+    "max_attempts": lambda value: check_whole_number("max_attempts", value, 1),
+    "lost_interval": lambda value: check_seconds(
+        "lost_interval", value, maximum=MAX_LOST_INTERVAL, positive=True
+    ),
+    # 0: a job whose worker dies is failed at once instead of run again.
+    "max_reclaims": lambda value: check_whole_number("max_reclaims", value, 0),
+    "retry": _check_retry,
+}
+
+
+def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with every value that :data:`SETTING_CHECKS` knows checked and normalized.
+
+    ``None`` stays ``None`` (the default applies). Raises ``TypeError`` for a wrong type
+    and ``ValueError`` for a value out of range, naming the setting and the rule.
+    """
+    return {
+        name: value if value is None or name not in SETTING_CHECKS else SETTING_CHECKS[name](value)
+        for name, value in settings.items()
+    }
+
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -59,15 +107,23 @@ class TaskKwargs(TypedDict, total=False):
     """The registration keywords of ``@queue.task(...)``, apart from ``pass_context``.
 
     ``None`` (or leaving one out) takes the queue's default; see :class:`TaskOptions`.
+    Each is checked at registration (see :data:`SETTING_CHECKS`): ``TypeError`` for a
+    wrong type, ``ValueError`` for a value out of range.
     """
 
-    #: The stored name; ``module.qualname`` of the function when not given.
+    #: The stored name; ``module.qualname`` of the function when not given (an empty
+    #: name is refused, not replaced).
     name: str | None
-    priority: int
+    #: A whole number that fits a PostgreSQL integer; 0 when not given.
+    priority: int | None
+    #: A whole number, at least 1.
     max_attempts: int | None
     retry: RetryPolicy | None
+    #: Seconds: a finite number above 0, at most :data:`MAX_LOST_INTERVAL`.
     lost_interval: float | None
+    #: A whole number, at least 0.
     max_reclaims: int | None
+    #: A whole number, at least 1.
     concurrency_limit: int | None
 
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue.testing.databases import DatabaseFactory, resolve_test_admin_url
 from tests.support.app import Base, queue
+from tests.support.grants import GuideRoles, grant_test_roles
 
 
 def _setup_template(engine: Engine) -> None:
@@ -68,50 +69,45 @@ def empty_db_url(db_factory: DatabaseFactory) -> Iterator[str]:
     db_factory.drop(url)
 
 
-#: Set to 1 to run the tests as a role that may only read and write the tables (no DDL).
+#: Set to 1 (or ``app``) to run the tests as the deployment guide's application role, with
+#: exactly its grants; ``admin`` for its operator role (the application role, plus writing
+#: stored limits). See tests/support/grants.py.
 DML_ROLE_ENV = "SQLA_QUEUE_TEST_DML_ROLE"
 
 
 @pytest.fixture(scope="session")
-def dml_role(admin_url: str) -> Iterator[str | None]:
-    """With $SQLA_QUEUE_TEST_DML_ROLE=1, a login role for the least-privilege run."""
-    if os.environ.get(DML_ROLE_ENV) != "1":
+def dml_role(admin_url: str) -> Iterator[GuideRoles | None]:
+    """In a least-privilege run ($SQLA_QUEUE_TEST_DML_ROLE), the guide's two login roles."""
+    mode = os.environ.get(DML_ROLE_ENV)
+    if mode not in ("1", "app", "admin"):
         yield None
         return
-    name = f"sqlaq_dml_{os.getpid()}"
+    app, admin_role = f"sqlaq_dml_{os.getpid()}", f"sqlaq_dml_{os.getpid()}_admin"
+    roles = GuideRoles(app=app, admin=admin_role, login=admin_role if mode == "admin" else app)
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
-        connection.execute(text(f'DROP ROLE IF EXISTS "{name}"'))
-        connection.execute(text(f'CREATE ROLE "{name}" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE'))
-    yield name
+        for name in (admin_role, app):
+            connection.execute(text(f'DROP ROLE IF EXISTS "{name}"'))
+        for name in (app, admin_role):
+            connection.execute(
+                text(f'CREATE ROLE "{name}" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE')
+            )
+    yield roles
     with admin.connect() as connection:
-        connection.execute(text(f'DROP ROLE IF EXISTS "{name}"'))
+        for name in (admin_role, app):
+            connection.execute(text(f'DROP ROLE IF EXISTS "{name}"'))
     admin.dispose()
 
 
-def _grant_dml(db_url: str, role: str) -> str:
-    """Grant ``role`` DML on every table of the test database; return a URL logging in as it."""
-    owner = create_engine(db_url, isolation_level="AUTOCOMMIT")
-    with owner.connect() as connection:
-        for schema in ("public", queue.tables.schema):
-            connection.execute(text(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"'))
-            connection.execute(
-                text(
-                    f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "{schema}" '
-                    f'TO "{role}"'
-                )
-            )
-            connection.execute(
-                text(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA "{schema}" TO "{role}"')
-            )
-        # The role may not create anything: no DDL at runtime.
-        connection.execute(text(f'REVOKE CREATE ON SCHEMA public FROM PUBLIC, "{role}"'))
-    owner.dispose()
-    return make_url(db_url).set(username=role).render_as_string(hide_password=False)
+def _grant_dml(db_url: str, roles: GuideRoles) -> str:
+    """Give ``roles`` the deployment guide's grants; return a URL logging in as ``login``."""
+    return grant_test_roles(
+        db_url, roles, schema=str(queue.tables.schema), prefix=queue.tables.prefix
+    )
 
 
 @pytest.fixture
-def engine(db_url: str, dml_role: str | None) -> Iterator[Engine]:
+def engine(db_url: str, dml_role: GuideRoles | None) -> Iterator[Engine]:
     """An engine on this test's database (as the DML-only role in the least-privilege run)."""
     url = _grant_dml(db_url, dml_role) if dml_role else db_url
     eng = create_engine(url, pool_size=5, max_overflow=20)
@@ -134,7 +130,7 @@ def SessionLocal(engine: Engine) -> sessionmaker[Session]:
 
 
 @pytest.fixture
-async def async_engine(db_url: str, dml_role: str | None) -> AsyncIterator[AsyncEngine]:
+async def async_engine(db_url: str, dml_role: GuideRoles | None) -> AsyncIterator[AsyncEngine]:
     """An async engine on this test's database."""
     url = _grant_dml(db_url, dml_role) if dml_role else db_url
     eng = create_async_engine(url, pool_size=5)

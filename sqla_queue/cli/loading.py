@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from typing import Any
 
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
 from sqla_queue.queue import Queue
 
-__all__ = ["CliError", "database_url", "load_queue"]
+__all__ = ["CliError", "database_url", "load_queue", "shown_url"]
 
 
 class CliError(Exception):
@@ -39,12 +43,44 @@ def load_queue(path: str) -> Queue:
     return target
 
 
+# user:password@ in a URL that does not parse: never echo the password.
+_CREDENTIALS = re.compile(r"(?<=:)[^:@/]*(?=@)")
+
+
 def database_url(explicit: str | None) -> str:
-    """``--url``, else ``$DATABASE_URL``; plain ``postgresql://`` URLs get the psycopg driver."""
+    """``--url``, else ``$DATABASE_URL``; plain ``postgresql://`` URLs get the psycopg driver.
+
+    Raises :class:`CliError` when there is no URL, when it does not parse, or when it names
+    another database than PostgreSQL; the message never shows a password.
+    """
     url = explicit or os.environ.get("DATABASE_URL")
+    source = "--url" if explicit else "$DATABASE_URL"
     if not url:
         raise CliError("no database: pass --url or set DATABASE_URL")
     for plain in ("postgresql://", "postgres://"):
         if url.startswith(plain):
-            return "postgresql+psycopg://" + url[len(plain) :]
+            url = "postgresql+psycopg://" + url[len(plain) :]
+            break
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        shown = _CREDENTIALS.sub("***", url)
+        raise CliError(
+            f"{source} is not a database URL: {shown!r}; "
+            "expected postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+        ) from None
+    if parsed.get_backend_name() != "postgresql":
+        raise CliError(
+            f"{source} names a {parsed.get_backend_name()!r} database "
+            f"({parsed.render_as_string(hide_password=True)}); sqla_queue needs PostgreSQL: "
+            "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+        )
     return url
+
+
+def shown_url(url: str) -> str:
+    """``url`` for messages: its password replaced by ``***``."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return _CREDENTIALS.sub("***", url)

@@ -1,4 +1,10 @@
-"""``sqla-queue``: run workers, verify the schema, inspect and requeue failed jobs, demo."""
+"""``sqla-queue``: run workers, verify the schema, inspect and requeue failed jobs, demo.
+
+Exit statuses: 0 success; 1 the database could not be reached or refused the command (one
+or two lines naming the URL, password hidden, and the cause); 2 a usage error (one line),
+or a database the queue cannot run on as it is (schema or privileges: the problems and
+their fix). No error prints a traceback.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +12,35 @@ import argparse
 import asyncio
 import datetime as dt
 import logging
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from sqlalchemy import create_engine
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, InvalidRequestError
 
-from sqla_queue.cli.loading import CliError, database_url, load_queue
+from sqla_queue._sqlstate import INSUFFICIENT_PRIVILEGE, sqlstate_of
+from sqla_queue.admin import BIGINT_MAX, INTEGER_MAX
+from sqla_queue.cli.loading import CliError, database_url, load_queue, shown_url
 from sqla_queue.errors import SqlaQueueError
+from sqla_queue.queue import Queue
 
-__all__ = ["main"]
+__all__ = ["EXIT_DATABASE", "EXIT_OK", "EXIT_USAGE", "build_parser", "main", "parse_duration"]
 
+#: The command did what was asked.
+EXIT_OK = 0
+#: The database could not be reached, or refused a statement.
+EXIT_DATABASE = 1
+#: A usage error, or a database the queue cannot run on (schema, privileges).
+EXIT_USAGE = 2
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# SQLSTATE classes of a failed connection: 08 connection exception, 28 invalid
+# authorization, 3D invalid catalog name (no such database), 57P03 cannot connect now.
+_CONNECT_CLASSES = ("08", "28", "3D")
+_CANNOT_CONNECT_NOW = "57P03"
 
 
 def parse_duration(text: str) -> dt.timedelta:
@@ -30,9 +53,73 @@ def parse_duration(text: str) -> dt.timedelta:
         raise argparse.ArgumentTypeError(
             f"invalid duration {text!r}: use a number with s, m, h or d (7d, 12h)"
         ) from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: it must be finite")
     if value < 0:
-        raise argparse.ArgumentTypeError("a duration cannot be negative")
-    return dt.timedelta(seconds=value * _UNITS.get(unit, 1))
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: it cannot be negative")
+    try:
+        return dt.timedelta(seconds=value * _UNITS.get(unit, 1))
+    except OverflowError:
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: at most {dt.timedelta.max.days} days"
+        ) from None
+
+
+def _whole_number(low: int, high: int, what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` to ``high``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{what} must be a whole number from {low} to {high}, got {text!r}"
+            )
+        return value
+
+    return parse
+
+
+def _seconds(*, allow_zero: bool) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds, positive (or, with ``allow_zero``, >= 0)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            rule = "zero or more" if allow_zero else "more than zero"
+            raise argparse.ArgumentTypeError(
+                f"expected a finite number of seconds, {rule}, got {text!r}"
+            )
+        return value
+
+    return parse
+
+
+def _log_level(text: str) -> str:
+    """An argparse type: a logging level name (DEBUG, INFO, WARNING, ERROR, CRITICAL)."""
+    names = [name for name in logging.getLevelNamesMapping() if name not in ("NOTSET", "WARN")]
+    if text.upper() not in logging.getLevelNamesMapping():
+        raise argparse.ArgumentTypeError(
+            f"unknown log level {text!r}; use one of {', '.join(sorted(names))}"
+        )
+    return text.upper()
+
+
+#: The most handlers a worker may run at once from the command line (a thread each).
+_CONCURRENCY = 10_000
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr, with exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``sqla-queue: <problem> (see <prog> --help)`` and exit with status 2."""
+        self.exit(EXIT_USAGE, f"sqla-queue: {message} (see `{self.prog} --help`)\n")
 
 
 def _add_target(parser: argparse.ArgumentParser) -> None:
@@ -42,30 +129,51 @@ def _add_target(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
-    parser = argparse.ArgumentParser(prog="sqla-queue", description=__doc__)
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser = _Parser(prog="sqla-queue", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--log-level", default="INFO", type=_log_level, help="logging level (default INFO)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     worker = sub.add_parser("worker", help="run a worker until SIGINT/SIGTERM")
     _add_target(worker)
-    worker.add_argument("--concurrency", type=int, default=10, help="handlers at once")
-    worker.add_argument("--batch-size", type=int, help="executions per claim")
+    worker.add_argument(
+        "--concurrency",
+        type=_whole_number(1, _CONCURRENCY, "--concurrency"),
+        default=10,
+        help="handlers at once",
+    )
+    worker.add_argument(
+        "--batch-size",
+        type=_whole_number(1, _CONCURRENCY, "--batch-size"),
+        help="executions per claim",
+    )
     worker.add_argument("--tasks", help="comma-separated task names (default: all registered)")
     worker.add_argument("--async", dest="use_async", action="store_true", help="asyncio worker")
     worker.add_argument("--burst", action="store_true", help="exit when nothing is eligible")
-    worker.add_argument("--poll-interval", type=float, default=1.0, help="max seconds idle")
-    worker.add_argument("--shutdown-timeout", type=float, default=30.0, help="grace seconds")
+    worker.add_argument(
+        "--poll-interval", type=_seconds(allow_zero=False), default=1.0, help="max seconds idle"
+    )
+    worker.add_argument(
+        "--shutdown-timeout", type=_seconds(allow_zero=True), default=30.0, help="grace seconds"
+    )
 
-    verify = sub.add_parser("verify", help="check that the database has the queue's schema")
+    verify = sub.add_parser(
+        "verify", help="check that the database has the queue's schema and privileges"
+    )
     _add_target(verify)
 
     failed = sub.add_parser("failed", help="list failed jobs, newest first")
     _add_target(failed)
-    failed.add_argument("--limit", type=int, default=20)
+    failed.add_argument(
+        "--limit", type=_whole_number(1, BIGINT_MAX, "--limit"), default=20, help="at most N"
+    )
 
     requeue = sub.add_parser("requeue", help="run failed jobs again")
     _add_target(requeue)
-    requeue.add_argument("ids", nargs="+", type=int, help="job ids")
+    requeue.add_argument(
+        "ids", nargs="+", type=_whole_number(1, BIGINT_MAX, "a job id"), help="job ids"
+    )
 
     prune = sub.add_parser("prune", help="delete finished jobs older than a given age")
     _add_target(prune)
@@ -95,9 +203,22 @@ def _pool_size(args: argparse.Namespace) -> int:
     return int(args.concurrency) + 3
 
 
-def _run_worker(args: argparse.Namespace) -> int:
+def _target(args: argparse.Namespace) -> tuple[Queue, str]:
+    """The queue named on the command line and the database URL, both checked."""
     queue = load_queue(args.queue)
-    url = database_url(args.url)
+    args.resolved_url = database_url(args.url)
+    return queue, str(args.resolved_url)
+
+
+def _engine(url: str, **options: Any) -> Engine:
+    try:
+        return create_engine(url, **options)
+    except (ArgumentError, InvalidRequestError, ImportError) as exc:
+        raise CliError(f"cannot use {shown_url(url)}: {exc}") from None
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    queue, url = _target(args)
     settings = {
         "concurrency": args.concurrency,
         "batch_size": args.batch_size,
@@ -108,36 +229,47 @@ def _run_worker(args: argparse.Namespace) -> int:
     if args.use_async:
         from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
+        try:
+            async_engine = create_async_engine(url, pool_size=_pool_size(args))
+        except (ArgumentError, InvalidRequestError, ImportError) as exc:
+            raise CliError(f"cannot use {shown_url(url)} with --async: {exc}") from None
+        try:
+            async_worker = queue.async_worker(async_sessionmaker(async_engine), **settings)
+        except (TypeError, ValueError) as exc:
+            raise CliError(str(exc)) from None
+
         async def run_async() -> None:
-            engine = create_async_engine(url, pool_size=_pool_size(args))
             try:
-                worker = queue.async_worker(async_sessionmaker(engine), **settings)
-                await worker.run(burst=args.burst)
+                await async_worker.run(burst=args.burst)
             finally:
-                await engine.dispose()
+                await async_engine.dispose()
 
         asyncio.run(run_async())
-        return 0
+        return EXIT_OK
     from sqlalchemy.orm import sessionmaker
 
-    engine = create_engine(url, pool_size=_pool_size(args))
+    engine = _engine(url, pool_size=_pool_size(args))
     try:
-        queue.worker(sessionmaker(engine), **settings).run(burst=args.burst)
+        try:
+            worker = queue.worker(sessionmaker(engine), **settings)
+        except (TypeError, ValueError) as exc:
+            raise CliError(str(exc)) from None
+        worker.run(burst=args.burst)
     finally:
         engine.dispose()
-    return 0
+    return EXIT_OK
 
 
 def _verify(args: argparse.Namespace) -> int:
-    queue = load_queue(args.queue)
-    engine = create_engine(database_url(args.url))
+    queue, url = _target(args)
+    engine = _engine(url)
     try:
         with engine.connect() as connection:
             queue.verify(connection)
     finally:
         engine.dispose()
     print("schema OK")
-    return 0
+    return EXIT_OK
 
 
 def _failed(args: argparse.Namespace) -> int:
@@ -146,8 +278,8 @@ def _failed(args: argparse.Namespace) -> int:
 
     from sqla_queue.admin import failed_jobs
 
-    queue = load_queue(args.queue)
-    engine = create_engine(database_url(args.url))
+    queue, url = _target(args)
+    engine = _engine(url)
     try:
         with engine.connect() as connection:
             rows = failed_jobs(connection, queue.tables, limit=args.limit)
@@ -159,12 +291,12 @@ def _failed(args: argparse.Namespace) -> int:
         message = f"{error.get('type', '')}: {error.get('message', '')}".strip(": ")
         table.add_row(str(row.id), row.task, str(row.attempts), str(row.finished_at), message)
     Console().print(table if rows else "no failed jobs")
-    return 0
+    return EXIT_OK
 
 
 def _requeue(args: argparse.Namespace) -> int:
-    queue = load_queue(args.queue)
-    engine = create_engine(database_url(args.url))
+    queue, url = _target(args)
+    engine = _engine(url)
     try:
         with engine.begin() as connection:
             done = queue.requeue(connection, args.ids)
@@ -174,12 +306,12 @@ def _requeue(args: argparse.Namespace) -> int:
     print(f"requeued {len(done)} job(s): {done}")
     if skipped:
         print(f"not failed or cancelled, left alone: {skipped}")
-    return 0
+    return EXIT_OK
 
 
 def _prune(args: argparse.Namespace) -> int:
-    queue = load_queue(args.queue)
-    engine = create_engine(database_url(args.url))
+    queue, url = _target(args)
+    engine = _engine(url)
     try:
         with engine.begin() as connection:
             count = queue.prune(
@@ -188,7 +320,7 @@ def _prune(args: argparse.Namespace) -> int:
     finally:
         engine.dispose()
     print(f"pruned {count} finished job(s) older than {args.older_than}")
-    return 0
+    return EXIT_OK
 
 
 def _limits_words(words: Sequence[str]) -> tuple[str, str, int | None]:
@@ -197,9 +329,14 @@ def _limits_words(words: Sequence[str]) -> tuple[str, str, int | None]:
         return "list", "", None
     if words[0] == "set" and len(words) == 3:
         try:
-            return "set", words[1], int(words[2])
+            limit = int(words[2])
         except ValueError:
-            raise CliError(f"the limit must be a whole number >= 1, got {words[2]!r}") from None
+            limit = 0
+        if not 1 <= limit <= INTEGER_MAX:
+            raise CliError(
+                f"the limit must be a whole number from 1 to {INTEGER_MAX}, got {words[2]!r}"
+            )
+        return "set", words[1], limit
     if words[0] == "unset" and len(words) == 2:
         return "unset", words[1], None
     raise CliError(f"unexpected arguments {' '.join(words)!r}; {usage}")
@@ -209,9 +346,9 @@ def _limits(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    queue = load_queue(args.queue)
     action, task, limit = _limits_words(args.words)
-    engine = create_engine(database_url(args.url))
+    queue, url = _target(args)
+    engine = _engine(url)
     try:
         with engine.begin() as connection:
             if action == "set":
@@ -227,7 +364,7 @@ def _limits(args: argparse.Namespace) -> int:
         now = current.get(task)
         shown = now.effective if now is not None else None
         print(f"{task}: limit now {shown if shown is not None else 'none'}")
-        return 0
+        return EXIT_OK
     table = Table("task", "declared in code", "stored", "effective")
     for name, entry in current.items():
         table.add_row(
@@ -237,7 +374,7 @@ def _limits(args: argparse.Namespace) -> int:
             str(entry.effective),
         )
     Console().print(table if current else "no concurrency limits")
-    return 0
+    return EXIT_OK
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -246,17 +383,46 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(url=args.url, orders=args.orders, workers=args.workers)
 
 
+def database_error_message(exc: DBAPIError, url: str | None) -> str:
+    """One or two lines for a failed connection or a refused statement, without a traceback.
+
+    Names the URL (password hidden) and the driver's own words for the cause.
+    """
+    where = shown_url(url) if url else "the database"
+    original = exc.orig if exc.orig is not None else exc
+    lines = [line.strip() for line in str(original).splitlines() if line.strip()]
+    cause = " ".join(lines[:2]) or type(original).__name__
+    password = make_url(url).password if url else None
+    if password:
+        cause = cause.replace(str(password), "***")
+    state = sqlstate_of(exc)
+    # No SQLSTATE: the driver failed before the server answered (refused, unreachable).
+    if state is None or state.startswith(_CONNECT_CLASSES) or state == _CANNOT_CONNECT_NOW:
+        return f"sqla-queue: cannot connect to {where}\n  cause: {cause}"
+    hint = ""
+    if state == INSUFFICIENT_PRIVILEGE:
+        hint = " (see the grants in the deployment guide, section Least-privilege roles)"
+    return f"sqla-queue: the database at {where} refused the command\n  cause: {cause}{hint}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``sqla-queue`` command; returns the exit status."""
+    """Entry point of the ``sqla-queue`` command; returns the exit status.
+
+    Never raises for a usage or database error: it prints one line (two for a database
+    error) on stderr and returns 2 (usage, schema or privileges) or 1 (database).
+    """
     parser = build_parser()
-    # parse_known_args lets `limits APP --url X set TASK N` put its words after options.
-    args, rest = parser.parse_known_args(argv)
-    if rest:
-        if args.command != "limits" or any(word.startswith("-") for word in rest):
-            parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        args.words = [*args.words, *rest]
+    try:
+        # parse_known_args lets `limits APP --url X set TASK N` put its words after options.
+        args, rest = parser.parse_known_args(argv)
+        if rest:
+            if args.command != "limits" or any(word.startswith("-") for word in rest):
+                parser.error(f"unrecognized arguments: {' '.join(rest)}")
+            args.words = [*args.words, *rest]
+    except SystemExit as exc:  # --help (0) or a usage error (2), already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     commands = {
         "worker": _run_worker,
@@ -271,4 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return commands[args.command](args)
     except (CliError, SqlaQueueError) as exc:
         print(f"sqla-queue: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except DBAPIError as exc:
+        print(database_error_message(exc, getattr(args, "resolved_url", None)), file=sys.stderr)
+        return EXIT_DATABASE

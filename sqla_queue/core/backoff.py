@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -23,6 +24,14 @@ class RetryPolicy:
     jitter: float = 0.25
 
     def __post_init__(self) -> None:
+        for name in ("min_delay", "max_delay", "factor", "jitter"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(
+                    f"RetryPolicy.{name} must be a number, got {value!r} ({type(value).__name__})"
+                )
+            if not math.isfinite(value):
+                raise ValueError(f"RetryPolicy.{name} must be finite, got {value!r}")
         if self.min_delay < 0 or self.max_delay < self.min_delay:
             raise ValueError("RetryPolicy needs 0 <= min_delay <= max_delay")
         if self.factor < 1:
@@ -34,7 +43,10 @@ class RetryPolicy:
         """The delay after ``attempt`` before jitter (the upper bound of :meth:`delay`)."""
         exponent = max(attempt - 1, 0)
         # Cap the exponent: float overflow would raise long before any sane max_delay.
-        raw = self.min_delay * self.factor ** min(exponent, 64)
+        try:
+            raw = self.min_delay * self.factor ** min(exponent, 64)
+        except OverflowError:  # a huge factor: the cap applies
+            return float(self.max_delay)
         return min(raw, self.max_delay)
 
     def floor(self, attempt: int) -> float:

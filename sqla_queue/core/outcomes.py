@@ -8,28 +8,37 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import math
+import re
+import sys
 import traceback
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, TypedDict
 
 from sqla_queue.core.backoff import RetryPolicy
-from sqla_queue.core.payload import encode_json
+from sqla_queue.core.payload import encode_json, text_problem, text_suspect
+from sqla_queue.core.times import check_due, check_due_time, check_seconds
 
 __all__ = [
     "ClaimedJob",
+    "InvalidOutcomeError",
     "Outcome",
     "OutcomeKind",
     "OutcomeRow",
     "Reschedule",
     "Retry",
+    "check_outcome",
     "error_entry",
+    "find_unstorable",
     "outcome_for_error",
     "outcome_for_return",
     "outcome_lost_too_often",
     "outcome_refused",
+    "outcome_unwritable",
     "outcomes_json",
+    "sanitize_text",
 ]
 
 _MAX_TRACEBACK = 16_000
@@ -79,20 +88,22 @@ class OutcomeRow(TypedDict):
     delay: float | None
 
 
-def _seconds(value: float | dt.timedelta | None) -> float | None:
-    if value is None:
-        return None
-    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
-    if seconds < 0:
-        raise ValueError("a delay cannot be negative")
-    return seconds
+def _handler_delay(option: str, value: object) -> float:
+    """A handler's delay: finite and not negative. How far it may reach is checked when the
+    outcome is recorded (:func:`~sqla_queue.core.times.check_due`), so that a delay past the
+    latest due time fails the attempt with its reason instead of the handler's own code."""
+    return check_seconds(option, value, maximum=math.inf, timedelta=True)
 
 
 class Retry(Exception):
     """Raise from a handler to retry the job, sooner or later than the backoff would.
 
-    The attempt counts towards ``max_attempts``. ``after`` is a delay (seconds or a
-    ``timedelta``), ``at`` an absolute time; with neither, the task's backoff decides.
+    The attempt counts towards ``max_attempts``. Give at most one of ``after`` (a delay:
+    seconds or a ``timedelta``, finite, not negative) and ``at`` (a timezone-aware
+    datetime); with neither, the task's backoff decides. A value of the wrong type, a NaN,
+    a negative delay or a naive datetime raises at once; a next run after
+    :data:`~sqla_queue.core.times.LATEST_DUE` is refused when the outcome is recorded, and the
+    attempt then fails with that reason.
     """
 
     def __init__(
@@ -102,15 +113,18 @@ class Retry(Exception):
         after: float | dt.timedelta | None = None,
         at: dt.datetime | None = None,
     ) -> None:
+        if after is not None and at is not None:
+            raise ValueError("Retry takes at most one of after= and at=")
         super().__init__(reason)
-        self.delay = _seconds(after)
-        self.at = at
+        self.delay = None if after is None else _handler_delay("Retry(after=...)", after)
+        self.at = None if at is None else check_due_time("Retry(at=...)", at)
 
 
 class Reschedule(Exception):
     """Return or raise from a handler to run the job again later without using an attempt.
 
-    Give either ``at`` (an aware datetime) or ``in_`` (seconds or a ``timedelta``).
+    Give exactly one of ``at`` (a timezone-aware datetime) or ``in_`` (seconds or a
+    ``timedelta``, finite, not negative). The same rules as :class:`Retry`'s apply.
     """
 
     def __init__(
@@ -118,11 +132,19 @@ class Reschedule(Exception):
     ) -> None:
         if (at is None) == (in_ is None):
             raise ValueError("Reschedule needs exactly one of at= or in_=")
-        if at is not None and at.tzinfo is None:
-            raise ValueError("Reschedule(at=...) needs a timezone-aware datetime")
+        self.at = None if at is None else check_due_time("Reschedule(at=...)", at)
+        self.delay = None if in_ is None else _handler_delay("Reschedule(in_=...)", in_)
         super().__init__(f"reschedule at={at} in={in_}")
-        self.at = at
-        self.delay = _seconds(in_)
+
+
+class InvalidOutcomeError(ValueError):
+    """The outcome a handler produced cannot be stored; the attempt fails with this reason.
+
+    Examples: a result holding a NUL character or a lone surrogate (PostgreSQL's ``jsonb``
+    refuses both), a result nested too deep to encode, a retry or reschedule due after
+    :data:`~sqla_queue.core.times.LATEST_DUE`. The handler's own exception, if any, is its
+    ``__cause__``, so the recorded traceback shows where it came from.
+    """
 
 
 @dataclass(frozen=True)
@@ -165,14 +187,39 @@ class Outcome:
             delay=self.delay,
         )
 
-    @cached_property
+    @property
     def encoded(self) -> str:
-        """:meth:`as_row` as JSON text, encoded once (by the handler's thread).
+        """:meth:`as_row` as JSON text, encoded once (by the handler's thread) and kept.
 
-        Raises ``TypeError``/``ValueError`` for a result JSON cannot hold; the worker
+        Raises ``TypeError``/``ValueError`` for a value JSON cannot hold; the worker
         stores a stand-in for such a result instead (see :mod:`sqla_queue.worker.handlers`).
         """
-        return encode_json(self.as_row())
+        text: str | None = self.__dict__.get("_encoded")
+        if text is None:
+            bare = (
+                self.result is None
+                and self.error is None
+                and self.execute_at is None
+                and self.delay is None
+            )
+            # Most rows are bare (a success without a result): a format, not an encoder call.
+            if bare:
+                text = _BARE_ROW % (self.job_id, self.attempt, self.kind.value)
+            else:
+                text = encode_json(self.as_row())
+            object.__setattr__(self, "_encoded", text)
+        return text
+
+
+#: An :class:`OutcomeRow` with only its id, attempt and kind set, as a JSON template.
+_BARE_ROW = (
+    "{"
+    + ",".join(
+        f'"{key}":' + {"id": "%d", "attempt": "%d", "kind": '"%s"'}.get(key, "null")
+        for key in OutcomeRow.__annotations__
+    )
+    + "}"
+)
 
 
 def outcomes_json(outcomes: list[Outcome]) -> str:
@@ -180,19 +227,156 @@ def outcomes_json(outcomes: list[Outcome]) -> str:
     return "[" + ",".join(o.encoded for o in outcomes) + "]"
 
 
+#: Characters PostgreSQL cannot store in text or jsonb: NUL, and UTF-16 surrogates (a
+#: Python string holding one is not valid Unicode text).
+_UNSTORABLE_CHARACTERS = re.compile("[\x00\ud800-\udfff]")
+REPLACEMENT = "\ufffd"
+
+
+def sanitize_text(text: str) -> tuple[str, int]:
+    """``text`` with every character PostgreSQL cannot store replaced by U+FFFD.
+
+    Returns the text and how many characters were replaced (NUL and surrogates).
+    """
+    if _UNSTORABLE_CHARACTERS.search(text) is None:
+        return text, 0
+    return _UNSTORABLE_CHARACTERS.subn(REPLACEMENT, text)
+
+
+def find_unstorable(value: Any) -> str | None:
+    """Where ``value`` (a JSON-like document) holds a string PostgreSQL cannot store.
+
+    Returns a description such as ``"result['a'][2] contains a NUL character ..."``, or
+    ``None``. The rule for a string is enqueue's (:func:`~sqla_queue.core.payload.text_problem`).
+    Walks without recursion, so any depth the JSON encoder accepted is fine.
+    """
+    stack: list[tuple[Any, str]] = [(value, "result")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            problem = text_problem(item)
+            if problem is not None:
+                return f"{path} {problem}"
+        elif isinstance(item, Mapping):
+            for key, child in item.items():
+                problem = text_problem(key) if isinstance(key, str) else None
+                if problem is not None:
+                    return f"a key of {path} {problem}"
+                stack.append((child, f"{path}[{_short_repr(key)}]"))
+        elif isinstance(item, list | tuple):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+    return None
+
+
+def _short_repr(key: object) -> str:
+    text = repr(key)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    return sanitize_text(text)[0]
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception as inner:  # an exception whose __str__ raises is still recorded
+        return f"<str() of this {type(exc).__name__} raised {type(inner).__name__}>"
+
+
+def _safe_traceback(exc: BaseException, message: str, type_name: str) -> str:
+    try:
+        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:  # formatting a hostile exception must not lose the attempt
+        return f"{type_name}: {message}\n(the traceback could not be formatted)"
+
+
 def error_entry(
     job: ClaimedJob, exc: BaseException, worker_id: uuid.UUID, now: dt.datetime
 ) -> dict[str, Any]:
-    """The error-history record kept on the job for one failed attempt."""
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    """The error-history record kept on the job for one failed attempt.
+
+    Never raises: an exception whose ``__str__`` raises is recorded with a stand-in
+    message. Characters PostgreSQL cannot store (NUL, lone surrogates) in the type,
+    message or traceback are replaced with U+FFFD, and the message says so.
+    """
+    cls = type(exc)
+    type_name = f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', '?')}"
+    message = _safe_str(exc)
+    tb = _safe_traceback(exc, message, type_name)[-_MAX_TRACEBACK:]
+    type_name, bad_type = sanitize_text(type_name)
+    message, bad_message = sanitize_text(message)
+    tb, bad_tb = sanitize_text(tb)
+    replaced = bad_type + bad_message + bad_tb
+    if replaced:
+        message += (
+            f" [sqla_queue: {replaced} character(s) PostgreSQL cannot store (NUL, "
+            "surrogates) were replaced with U+FFFD in this error]"
+        )
     return {
         "attempt": job.attempt,
-        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "message": str(exc),
-        "traceback": tb[-_MAX_TRACEBACK:],
+        "type": type_name,
+        "message": message,
+        "traceback": tb,
         "worker": str(worker_id),
         "at": now.isoformat(),
     }
+
+
+def check_outcome(outcome: Outcome, now: dt.datetime) -> None:
+    """Raise :class:`InvalidOutcomeError` unless ``outcome`` can be written as it is.
+
+    Checks the next run's due time (within [EARLIEST_DUE, LATEST_DUE), ``now`` being the worker's
+    clock), encodes the outcome (caching :attr:`Outcome.encoded`), and looks for strings
+    that PostgreSQL's ``jsonb`` refuses (NUL, lone surrogates). The encoder's own errors
+    (``TypeError``/``ValueError`` for a value JSON cannot hold) propagate unchanged, so a
+    caller may store a stand-in for such a result; too deep a result is reported here.
+    """
+    if outcome.kind in OutcomeKind.back_to_pending() and outcome.kind is not OutcomeKind.RELEASE:
+        try:
+            check_due(
+                at=outcome.execute_at,
+                delay=outcome.delay,
+                now=now,
+                what=f"this attempt's {outcome.kind.value}",
+            )
+        except (TypeError, ValueError) as exc:
+            # No chaining: the message says it all, and the worker chains the handler's
+            # own exception (a Retry, say) so the traceback shows where it was raised.
+            raise InvalidOutcomeError(str(exc)) from None
+    try:
+        text = outcome.encoded
+    except RecursionError as exc:
+        raise InvalidOutcomeError(
+            "the result is nested too deep to encode as JSON "
+            f"(deeper than about {sys.getrecursionlimit()} levels)"
+        ) from exc
+    # The encoded text tells exactly whether a walk is needed; most results skip it.
+    if text_suspect(text):
+        where = find_unstorable(outcome.result)
+        if where is not None:
+            raise InvalidOutcomeError(f"the result cannot be stored: {where}")
+
+
+def outcome_unwritable(
+    outcome: Outcome, reason: str, *, worker_id: uuid.UUID, now: dt.datetime
+) -> Outcome:
+    """A plain final failure standing in for ``outcome``, which the database refused.
+
+    The last resort when a completion keeps failing on one outcome for a reason retrying
+    cannot fix (a data error): the job fails with ``reason`` (sanitized) instead of
+    blocking every other outcome. The stand-in holds no result and only plain text; it
+    is marked ``extra["stand_in"]`` so that a refusal of the stand-in itself is fatal.
+    """
+    message, _ = sanitize_text(reason)
+    error = {
+        "attempt": outcome.attempt,
+        "type": "sqla_queue.OutcomeNotWritten",
+        "message": f"the database refused this attempt's {outcome.kind.value} outcome: {message}",
+        "traceback": None,
+        "worker": str(worker_id),
+        "at": now.isoformat(),
+    }
+    return Outcome(
+        outcome.job_id, outcome.attempt, OutcomeKind.FAILED, error=error, extra={"stand_in": True}
+    )
 
 
 def outcome_for_return(job: ClaimedJob, value: Any) -> Outcome:

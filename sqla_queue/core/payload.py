@@ -2,53 +2,270 @@
 
 Serialization happens in the caller's process at enqueue time, so a bad argument fails
 before anything is written and the error can name the task and the offending value.
+
+What a payload may hold is what PostgreSQL's ``jsonb`` can store and Python reads back
+unchanged:
+
+- dicts with string keys, lists and tuples (stored as lists), strings, ints, finite
+  floats, booleans and ``None``; a non-string key is refused, because ``json`` would
+  silently turn ``{1: "a"}`` into ``{"1": "a"}``;
+- no NUL character (``"\\x00"``) and no lone surrogate (a code point from U+D800 to
+  U+DFFF that is not half of a high-low pair) in any string, key or value: ``jsonb`` and
+  ``text`` reject both (a pair is stored as the character it encodes, as JSON does);
+- nesting at most :data:`MAX_DEPTH` levels, counting the stored document
+  ``{"args": [...], "kwargs": {...}}`` itself as two.
+
+Checking all of that on every enqueue would cost a walk of every payload. The encoder's
+own output proves almost always that no walk is needed (see :func:`text_suspect` and
+:func:`shape_suspect`), so the walk (:func:`find_unstorable`) runs only when the
+encoding fails or its text shows a reason to look.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import reprlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqla_queue.errors import PayloadNotSerializableError
 
-__all__ = ["decode_arguments", "dump_json", "encode_arguments", "encode_json", "make_payload"]
+__all__ = [
+    "MAX_DEPTH",
+    "Unstorable",
+    "check_storable",
+    "decode_arguments",
+    "dump_json",
+    "encode_arguments",
+    "encode_json",
+    "find_unstorable",
+    "make_payload",
+    "shape_suspect",
+    "text_problem",
+    "text_suspect",
+]
 
-# One encoder for every call: json.dumps with options builds a new one each time.
+#: The deepest nesting of lists and objects a stored JSON document may have. Far below
+#: what PostgreSQL's parser and Python's recursion limit allow, so that every worker can
+#: decode the document from any call stack; a 5,000-deep payload is refused, not a
+#: ``RecursionError``.
+MAX_DEPTH = 200
+
+# One encoder for every call: json.dumps with options builds a new one each time. Its
+# output is ASCII (ensure_ascii): NUL is written \u0000, a character beyond the BMP as a
+# surrogate pair \ud83d\ude00, and a surrogate code point as its own \udXXX escape.
 _encode = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
+
+# In the encoder's output: NUL or any surrogate escape (a cheap first look)...
+_ANY_SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|d[89a-f])")
+# ...then exactly: NUL, a high surrogate not followed by a low one, or a low one not
+# preceded by a high one. Only once escaped backslashes are blanked out: in "\\ud800"
+# (a backslash, then the text "ud800") no escape starts at the second backslash.
+# Every branch starts with the literal \u, so the search skips ahead to each one; the
+# low surrogate's look back at its predecessor comes after it.
+_BAD_ESCAPE = re.compile(
+    r"\\u(?:0000"
+    r"|d[89ab][0-9a-f]{2}(?!\\ud[c-f])"
+    r"|d[c-f][0-9a-f]{2}(?<!\\ud[89ab][0-9a-f]{2}\\ud[c-f][0-9a-f]{2}))"
+)
+# The same rule on a Python string: a surrogate code point that is not half of a pair.
+# (A high-low pair of code points is written as, and stored as, the character it encodes.)
+_LONE_SURROGATE = re.compile(
+    "[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]"
+)
+
+_short = reprlib.Repr()
+_short.maxstring = 60
+_short.maxother = 60
+
+_TOO_DEEP = f"nests lists and objects more than {MAX_DEPTH} levels deep (or contains itself)"
+_NOT_JSON = "is not JSON-serializable; pass plain dicts, lists, strings, numbers, booleans or None"
+_NOT_FINITE = "is not a finite number (JSON has no NaN or infinity)"
+
+
+class Unstorable(NamedTuple):
+    """Where a value cannot be stored, the value found there, and why."""
+
+    where: str
+    value: Any
+    reason: str
 
 
 def encode_json(value: Any) -> str:
     """Compact JSON text of ``value``, NaN refused; ``TypeError``/``ValueError`` otherwise.
 
-    The bare encoder, shared by every enqueue: callers that need the friendly error run
-    :func:`dump_json` on the failing part.
+    The bare encoder, shared by every enqueue: it does not refuse what only PostgreSQL
+    rejects (NUL, lone surrogates) or what it would convert (non-string keys). Callers
+    that store its output check it with :func:`text_suspect`, :func:`shape_suspect` and
+    :func:`check_storable` (as :func:`dump_json` does).
     """
     return _encode(value)
 
 
-def _find_offender(value: Any, path: str) -> tuple[str, Any] | None:
-    """Locate the first value under ``value`` that the json module refuses."""
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str | int | float | bool) and key is not None:
-                return f"{path} key {key!r}", key
-            found = _find_offender(item, f"{path}[{key!r}]")
-            if found:
-                return found
-        return None
-    if isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            found = _find_offender(item, f"{path}[{index}]")
-            if found:
-                return found
-        return None
-    if value is None or isinstance(value, str | int | bool):
+def text_suspect(text: str) -> bool:
+    """Whether ``text``, from :func:`encode_json`, holds a NUL or a lone surrogate.
+
+    Exact: ``False`` proves that no string (or key) of the encoded value holds either,
+    ``True`` that one does. Costs one substring test for ASCII text, and a regular
+    expression or two (in C) for text with escapes.
+    """
+    if "\\u" not in text or _ANY_SUSPECT_ESCAPE.search(text) is None:
+        return False
+    return _BAD_ESCAPE.search(text.replace("\\\\", "__")) is not None
+
+
+def shape_suspect(text: str, *, objects: int = 0, arrays: int = 0, depth: int = 0) -> bool:
+    """Whether the value ``text`` encodes may have a non-string key or nest too deep.
+
+    ``False`` proves that it has neither, without walking the value: its objects and
+    arrays are all the caller's own (``objects`` ``{`` and ``arrays`` ``[`` that it wrote
+    itself, with its values ``depth`` levels deep in them), or it has no object of its
+    own and too few arrays to exceed :data:`MAX_DEPTH`. A ``True`` may be a false alarm
+    (a ``{`` inside a string); :func:`check_storable` then decides.
+    """
+    return text.count("{") > objects or text.count("[") - arrays > MAX_DEPTH - depth
+
+
+def text_problem(text: str) -> str | None:
+    """Why PostgreSQL cannot store the string ``text`` (NUL, lone surrogate), or ``None``."""
+    if "\x00" in text:
+        return (
+            f"contains a NUL character (\\x00) at index {text.index(chr(0))}, "
+            "which PostgreSQL cannot store"
+        )
+    found = _LONE_SURROGATE.search(text)
+    if found is not None:
+        return (
+            f"contains a lone surrogate code point U+{ord(found.group()):04X} at index "
+            f"{found.start()}, which is not a character; PostgreSQL stores only valid Unicode"
+        )
+    return None
+
+
+Found = tuple[list[str], Any, str]
+
+
+def _walk(value: Any, depth: int, strings: bool) -> Found | None:
+    """The first problem under ``value``: (path parts innermost first, value, reason).
+
+    Scalars among a container's items are checked inline: a call per container only.
+    ``strings=False`` skips the text checks (the encoded text proved them unneeded).
+    """
+    if isinstance(value, dict):
+        items: Any = value.items()
+        is_dict = True
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+        is_dict = False
+    else:
+        return _leaf(value, strings)
+    if depth >= MAX_DEPTH:
+        return [], _DEEP, _TOO_DEEP
+    for key, item in items:
+        if is_dict:
+            if not isinstance(key, str):
+                return [f" key {_show(key)} (type {type(key).__name__})"], _KEY, _key_rule(key)
+            if strings and (reason := text_problem(key)) is not None:
+                return [f" key {_show(key)}"], _KEY, reason
+        if isinstance(item, str):
+            if strings and (reason := text_problem(item)) is not None:
+                return [_part(key, is_dict)], item, reason
+            continue
+        if item is None or isinstance(item, int):  # bool is an int
+            continue
+        found = _walk(item, depth + 1, strings)
+        if found is not None:
+            found[0].append(_part(key, is_dict))
+            return found
+    return None
+
+
+def _leaf(value: Any, strings: bool) -> Found | None:
+    if isinstance(value, str):
+        reason = text_problem(value) if strings else None
+        return None if reason is None else ([], value, reason)
+    if value is None or isinstance(value, int):
         return None
     if isinstance(value, float):
-        return None if math.isfinite(value) else (path, value)
-    return path, value
+        return None if math.isfinite(value) else ([], value, _NOT_FINITE)
+    return [], value, f"(type {type(value).__name__}) {_NOT_JSON}"
+
+
+def _part(key: Any, is_dict: bool) -> str:
+    return f"[{_show(key)}]" if is_dict else f"[{key}]"
+
+
+def _key_rule(key: Any) -> str:
+    rule = "is not a string: JSON object keys must be strings"
+    if key is None or isinstance(key, int | float):
+        # What json.dumps would silently have made of it.
+        converted = next(iter(json.loads(_encode({key: 0}))))
+        rule += f" (it would come back as {converted!r})"
+    return rule
+
+
+class _Marker:
+    """A stand-in for a value a message must not show (a key, a too-deep container)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+_DEEP = _Marker("<too deep>")
+_KEY = _Marker("<key>")
+
+
+def _show(value: Any) -> str:
+    try:
+        return _short.repr(value)
+    except Exception:  # a __repr__ that raises must not hide the real error
+        return f"<{type(value).__name__} object>"
+
+
+def _path(root: str, parts: list[str]) -> str:
+    ordered = parts[::-1]
+    if len(ordered) > 12:
+        ordered = [*ordered[:8], f"...{len(ordered) - 10} more...", *ordered[-2:]]
+    return root + "".join(ordered)
+
+
+def find_unstorable(value: Any, what: str = "value", *, strings: bool = True) -> Unstorable | None:
+    """The first part of ``value`` that cannot be stored as JSON in PostgreSQL, or ``None``.
+
+    ``what`` names ``value`` in the returned location (``arguments['kwargs']['to']``).
+    Refused: types JSON lacks, NaN and infinities, non-string keys, nesting deeper than
+    :data:`MAX_DEPTH`, and (unless ``strings=False``) NUL and lone surrogates in strings
+    and keys. The walk stops at that depth, so it never recurses further however deep
+    (or self-referencing) ``value`` is.
+    """
+    found = _walk(value, 0, strings)
+    if found is None:
+        return None
+    parts, bad, reason = found
+    return Unstorable(_path(what, parts), bad, reason)
+
+
+def _message(task: str, found: Unstorable) -> str:
+    if found.value is _KEY or found.value is _DEEP:
+        return f"cannot enqueue task {task!r}: {found.where} {found.reason}"
+    return f"cannot enqueue task {task!r}: {found.where} = {_show(found.value)} {found.reason}"
+
+
+def check_storable(value: Any, *, task: str, what: str = "arguments", strings: bool = True) -> None:
+    """Raise :class:`PayloadNotSerializableError` naming the first unstorable part of ``value``.
+
+    See :func:`find_unstorable` for the rules and ``strings``.
+    """
+    if _walk(value, 0, strings) is None:
+        return
+    found = find_unstorable(value, what, strings=strings)
+    assert found is not None
+    raise PayloadNotSerializableError(_message(task, found))
 
 
 def make_payload(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -59,18 +276,20 @@ def make_payload(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, An
 def dump_json(value: Any, *, task: str, what: str = "arguments") -> str:
     """Serialize ``value`` to JSON text, or raise a :class:`PayloadNotSerializableError`.
 
-    NaN and infinities are refused too: PostgreSQL's jsonb cannot store them.
+    Everything :func:`find_unstorable` refuses is refused, with the task, the place and
+    the rule in the message; the text returned is what PostgreSQL stores unchanged.
     """
     try:
-        return _encode(value)
-    except (TypeError, ValueError) as exc:
-        offender = _find_offender(value, what)
-        where, bad = offender if offender else (what, value)
+        text = _encode(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        check_storable(value, task=task, what=what)
         raise PayloadNotSerializableError(
-            f"cannot enqueue task {task!r}: {where} = {bad!r} "
-            f"(type {type(bad).__name__}) is not JSON-serializable; "
-            "pass plain dicts, lists, strings, numbers, booleans or None"
+            f"cannot enqueue task {task!r}: {what} {_NOT_JSON} ({exc})"
         ) from exc
+    strings = text_suspect(text)
+    if strings or shape_suspect(text):
+        check_storable(value, task=task, what=what, strings=strings)
+    return text
 
 
 def encode_arguments(task: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:

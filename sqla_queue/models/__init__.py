@@ -9,7 +9,9 @@ from sqla_queue.models.tables import (
     QueueTables,
     build_tables,
     parse_schema_version_comment,
+    resolve_schema,
     schema_version_comment,
+    translated_schema,
 )
 
 __all__ = [
@@ -23,5 +25,7 @@ __all__ = [
     "build_tables",
     "map_classes",
     "parse_schema_version_comment",
+    "resolve_schema",
     "schema_version_comment",
+    "translated_schema",
 ]

@@ -10,7 +10,7 @@ from sqlalchemy.orm import registry as Registry
 
 from sqla_queue.models.tables import QueueTables
 
-__all__ = ["Job", "JobExecution", "map_classes"]
+__all__ = ["Job", "JobExecution", "map_classes", "mapped_class_names"]
 
 
 class Job:
@@ -57,13 +57,28 @@ class JobExecution:
         return f"<JobExecution id={self.id} task={self.task!r} state={self.state!r}>"
 
 
+def mapped_class_names(tables: QueueTables) -> tuple[str, str]:
+    """The names of one queue's mapped classes: ``Job[app.sqla_queue_]`` and its execution.
+
+    A declarative registry keeps a string-lookup table of its classes by name and module,
+    and warns (``SAWarning``) when a second class arrives under a name and module it has
+    already seen. Naming each queue's classes after its schema and prefix keeps two queues
+    on one Base apart, and keeps them from shadowing a host model called ``Job``.
+    """
+    where = f"{tables.schema}.{tables.prefix}" if tables.schema else tables.prefix
+    return f"Job[{where}]", f"JobExecution[{where}]"
+
+
 def map_classes(reg: Registry, tables: QueueTables) -> tuple[type[Job], type[JobExecution]]:
     """Map fresh subclasses of :class:`Job` and :class:`JobExecution` onto ``tables``.
 
-    Fresh subclasses keep two queues in one registry (say, two schemas) from sharing a mapper.
+    Fresh subclasses keep two queues in one registry (say, two schemas or two prefixes) from
+    sharing a mapper; their names (:func:`mapped_class_names`) keep them from colliding in
+    the registry's string-lookup table.
     """
-    job_cls: type[Job] = type("Job", (Job,), {"__module__": __name__})
-    exec_cls: type[JobExecution] = type("JobExecution", (JobExecution,), {"__module__": __name__})
+    job_name, exec_name = mapped_class_names(tables)
+    job_cls: type[Job] = type(job_name, (Job,), {"__module__": __name__})
+    exec_cls: type[JobExecution] = type(exec_name, (JobExecution,), {"__module__": __name__})
     reg.map_imperatively(job_cls, tables.jobs)
     reg.map_imperatively(exec_cls, tables.executions)
     return job_cls, exec_cls

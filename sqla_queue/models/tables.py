@@ -11,7 +11,9 @@ keeps their cost (and vacuum's) independent of how much history ``jobs`` holds.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -33,6 +35,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.elements import conv
 
 from sqla_queue._identifiers import validate_prefix, validate_schema
+from sqla_queue.errors import InvalidIdentifierError
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -41,7 +44,9 @@ __all__ = [
     "QueueTables",
     "build_tables",
     "parse_schema_version_comment",
+    "resolve_schema",
     "schema_version_comment",
+    "translated_schema",
 ]
 
 DEFAULT_PREFIX = "sqla_queue_"
@@ -104,7 +109,11 @@ def parse_schema_version_comment(comment: str | None, *, anywhere: bool = False)
 
 @dataclass(frozen=True)
 class QueueTables:
-    """The Core tables of one queue, plus the names derived from its prefix."""
+    """The Core tables of one queue, plus the names derived from its prefix.
+
+    ``schema`` is the queue's effective schema (see :func:`resolve_schema`): the one its
+    tables carry, ``None`` for the search path.
+    """
 
     jobs: Table
     executions: Table
@@ -118,8 +127,48 @@ class QueueTables:
         return f"{self.schema or 'public'}.{self.prefix}wakeup"
 
 
+def translated_schema(schema: str | None, translate_map: Mapping[Any, Any] | None) -> str | None:
+    """``schema`` as a connection with the ``schema_translate_map`` option names it.
+
+    SQLAlchemy applies the map to the statements it compiles from the tables; SQL written
+    by name (the frozen migration DDL, the catalog query) must apply it the same way. A
+    schema absent from the map, or no map, is left as it is.
+    """
+    if not translate_map or schema not in translate_map:
+        return schema
+    translated = translate_map[schema]
+    return None if translated is None else str(translated)
+
+
 def _in(values: tuple[str, ...]) -> str:
     return ", ".join(f"'{v}'" for v in values)
+
+
+def resolve_schema(metadata: MetaData, schema: str | None) -> str | None:
+    """The schema the queue's tables live in: ``schema`` if given, else ``metadata.schema``.
+
+    A table added to ``MetaData(schema="app")`` without a schema of its own goes to ``app``,
+    so the queue must record ``app`` too: its migration operation, verification, NOTIFY
+    channel and autogenerate comparison all name the schema it records. Giving both, with
+    different names, raises :class:`~sqla_queue.errors.InvalidIdentifierError` naming both:
+    the queue's tables would leave the metadata's schema, which is rarely what was meant.
+    """
+    declared = metadata.schema
+    if declared is not None:
+        try:
+            declared = validate_schema(str(declared))
+        except InvalidIdentifierError as exc:
+            raise InvalidIdentifierError(f"the metadata's schema: {exc}") from None
+    if schema is None:
+        return declared
+    schema = validate_schema(schema)
+    if declared is not None and schema != declared:
+        raise InvalidIdentifierError(
+            f"conflicting schemas for the queue: Queue(schema={schema!r}), but its metadata "
+            f"is MetaData(schema={declared!r}). Name the schema once: leave schema= out to "
+            f"put the queue in {declared!r}, or pass the same name to both"
+        )
+    return schema
 
 
 def build_tables(
@@ -127,10 +176,12 @@ def build_tables(
 ) -> QueueTables:
     """Create the queue's tables in ``metadata`` and return them.
 
-    Every constraint and index name goes through ``conv()`` so that the host's naming
-    convention cannot rename objects that migrations and verification refer to.
+    The tables go to ``schema``, else to the metadata's own schema (``MetaData(schema=...)``),
+    else to the search path; :func:`resolve_schema` decides, and ``QueueTables.schema``
+    records the result. Every constraint and index name goes through ``conv()`` so that the
+    host's naming convention cannot rename objects that migrations and verification refer to.
     """
-    schema = validate_schema(schema)
+    schema = resolve_schema(metadata, schema)
     prefix = validate_prefix(prefix)
     jobs_name = f"{prefix}jobs"
     exec_name = f"{prefix}job_executions"

@@ -7,6 +7,10 @@ Besides names, the manifest records what matters about an object's shape and is 
 compare in the same catalog query: a column's type and nullability, an index's uniqueness,
 columns and partial predicate, a constraint's kind. An index with the right name and the
 wrong predicate would otherwise pass, and a claim relying on it could quietly misbehave.
+
+It also lists the privileges the connected role needs at run time (:func:`required_privileges`):
+the grants of the deployment guide's application role, which verification checks in the same
+catalog query.
 """
 
 from __future__ import annotations
@@ -21,11 +25,15 @@ from sqlalchemy.schema import CreateIndex
 from sqla_queue.models.tables import QueueTables
 
 __all__ = [
+    "ADMIN_LIMIT_PRIVILEGES",
+    "DATA_PRIVILEGES",
     "RequiredObject",
+    "RequiredPrivilege",
     "constraint_kind",
     "index_shape",
     "normalize_type",
     "required_objects",
+    "required_privileges",
 ]
 
 _DIALECT = PGDialect()  # type: ignore[no-untyped-call]
@@ -133,3 +141,43 @@ def required_objects(tables: QueueTables) -> list[RequiredObject]:
     return sorted(
         _objects_of(tables.jobs) + _objects_of(tables.executions) + _objects_of(tables.limits)
     )
+
+
+#: The table privileges a producer and a worker need on the jobs and executions tables.
+DATA_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
+#: What changing a stored limit needs on the limits table, beyond ``SELECT`` (set_limit).
+ADMIN_LIMIT_PRIVILEGES = ("INSERT", "UPDATE", "DELETE")
+
+
+@dataclass(frozen=True, order=True)
+class RequiredPrivilege:
+    """One privilege the connected role needs: ``USAGE`` on a schema, or one on a table.
+
+    ``kind`` is ``"schema"`` (``name`` is the schema) or ``"table"`` (``name`` is the
+    table, in the queue's schema).
+    """
+
+    kind: str  # "schema" | "table"
+    name: str
+    privilege: str
+
+    def describe(self, schema: str) -> str:
+        """A human name such as ``SELECT on table app.sqla_queue_task_limits``."""
+        if self.kind == "schema":
+            return f"{self.privilege} on schema {self.name}"
+        return f"{self.privilege} on table {schema}.{self.name}"
+
+
+def required_privileges(tables: QueueTables, schema: str) -> list[RequiredPrivilege]:
+    """What a worker and a producer need, ``schema`` being the queue's resolved schema.
+
+    ``USAGE`` on the schema; ``SELECT``, ``INSERT``, ``UPDATE`` and ``DELETE`` on the jobs
+    and executions tables; ``SELECT`` on the limits table, which every claim reads. Writing
+    the limits table is for the operators who change limits (:data:`ADMIN_LIMIT_PRIVILEGES`),
+    not required here. These are exactly the deployment guide's application-role grants.
+    """
+    needed = [RequiredPrivilege("schema", schema, "USAGE")]
+    for table in (tables.jobs, tables.executions):
+        needed += [RequiredPrivilege("table", table.name, p) for p in DATA_PRIVILEGES]
+    needed.append(RequiredPrivilege("table", tables.limits.name, "SELECT"))
+    return needed

@@ -2,43 +2,64 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, Text, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql.base import PGDialect
 
-from sqla_queue.errors import SchemaMismatchError
-from sqla_queue.models.tables import SCHEMA_VERSION, QueueTables, parse_schema_version_comment
+from sqla_queue.errors import InsufficientPrivilegeError, SchemaMismatchError
+from sqla_queue.models.tables import (
+    SCHEMA_VERSION,
+    QueueTables,
+    parse_schema_version_comment,
+    translated_schema,
+)
 from sqla_queue.schema.manifest import (
+    DATA_PRIVILEGES,
     RequiredObject,
+    RequiredPrivilege,
     constraint_kind,
     index_shape,
     normalize_type,
     required_objects,
+    required_privileges,
 )
 
 __all__ = [
     "CATALOG_QUERY",
     "FIX_COMMAND",
+    "GRANTS_GUIDE",
     "SchemaReport",
     "find_missing",
+    "grant_statements",
     "inspect_schema",
     "verify_schema",
 ]
 
 FIX_COMMAND = "alembic upgrade head"
+#: Where the grants of each role are explained.
+GRANTS_GUIDE = "the deployment guide, section Least-privilege roles"
+
+_QUOTE = PGDialect().identifier_preparer.quote  # type: ignore[no-untyped-call]
 
 # One round trip for everything: tables, columns with type and nullability, indexes with
 # their definitions, constraints with their kind, and the version comment, restricted to the
-# queue's own tables in its schema.
+# queue's own tables in its schema; then the current role's privileges on that schema and
+# those tables (has_*_privilege counts grants to PUBLIC and to roles it inherits from), and
+# the role's name for the GRANT that fixes a missing one.
 CATALOG_QUERY = text(
     """
-    WITH t AS (
+    WITH s AS (
+        SELECT n.oid, n.nspname
+        FROM pg_catalog.pg_namespace n
+        WHERE n.nspname = coalesce(:schema, current_schema())
+    ),
+    t AS (
         SELECT c.oid, c.relname
         FROM pg_catalog.pg_class c
-        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = coalesce(:schema, current_schema())
-          AND c.relkind IN ('r', 'p')
+        JOIN s ON s.oid = c.relnamespace
+        WHERE c.relkind IN ('r', 'p')
           AND c.relname = ANY(:tables)
     )
     SELECT 'table' AS kind, t.relname AS tbl, t.relname AS name, NULL::text AS detail FROM t
@@ -57,6 +78,16 @@ CATALOG_QUERY = text(
     FROM t JOIN pg_catalog.pg_constraint con ON con.conrelid = t.oid
     UNION ALL
     SELECT 'comment', t.relname, t.relname, obj_description(t.oid, 'pg_class') FROM t
+    UNION ALL
+    SELECT 'privilege', t.relname, p.privilege,
+           CASE WHEN pg_catalog.has_table_privilege(t.oid, p.privilege) THEN 'granted' END
+    FROM t CROSS JOIN (VALUES ('SELECT'), ('INSERT'), ('UPDATE'), ('DELETE')) AS p(privilege)
+    UNION ALL
+    SELECT 'schema privilege', s.nspname, 'USAGE',
+           CASE WHEN pg_catalog.has_schema_privilege(s.oid, 'USAGE') THEN 'granted' END
+    FROM s
+    UNION ALL
+    SELECT 'role', current_user, current_user, NULL
     """
 ).bindparams(
     bindparam("schema", type_=Text),
@@ -77,11 +108,23 @@ class SchemaReport:
     missing: list[RequiredObject]
     different: list[tuple[RequiredObject, str]]
     version: int | None
+    #: Privileges the connected role needs and lacks, on the schema and the tables found.
+    missing_privileges: list[RequiredPrivilege] = field(default_factory=list)
+    #: The connected role (``current_user``).
+    role: str | None = None
+    #: The queue's schema as resolved (the search path's first schema when it has none);
+    #: ``None`` when that schema does not exist.
+    schema: str | None = None
 
     @property
     def ok(self) -> bool:
         """Whether every required object exists with the expected shape."""
         return not self.missing and not self.different
+
+    @property
+    def privileges_ok(self) -> bool:
+        """Whether the connected role holds every privilege a worker and a producer need."""
+        return not self.missing_privileges
 
     def problems(self, schema: str | None) -> list[str]:
         """One line per missing or different object.
@@ -125,17 +168,38 @@ def _table_names(tables: QueueTables) -> list[str]:
 
 
 def inspect_schema(connection: Connection, tables: QueueTables) -> SchemaReport:
-    """Run the catalog query and compare the result with the manifest."""
+    """Run the catalog query and compare the result with the manifest.
+
+    Privileges are compared for the schema and the tables that exist: a missing table is
+    a schema problem first.
+    """
     required = required_objects(tables)
     names = _table_names(tables)
-    rows = connection.execute(CATALOG_QUERY, {"schema": tables.schema, "tables": names}).all()
+    # A connection with a schema_translate_map (a tenant's) reads the schema it maps to.
+    translate = connection.get_execution_options().get("schema_translate_map")
+    where = translated_schema(tables.schema, translate)
+    rows = connection.execute(CATALOG_QUERY, {"schema": where, "tables": names}).all()
     found: dict[tuple[str, str, str], str] = {}
     version: int | None = None
+    # (kind, object, privilege) -> held; only the privileges the query could check.
+    checked: dict[tuple[str, str, str], bool] = {}
+    role: str | None = None
+    schema: str | None = None
     for kind, tbl, name, detail in rows:
         if kind == "comment":
             if tbl == tables.executions.name:
                 recorded = parse_schema_version_comment(detail, anywhere=True)
                 version = 0 if recorded is None else recorded
+            continue
+        if kind == "privilege":
+            checked[("table", tbl, name)] = detail is not None
+            continue
+        if kind == "schema privilege":
+            schema = tbl
+            checked[("schema", tbl, name)] = detail is not None
+            continue
+        if kind == "role":
+            role = tbl
             continue
         found[(kind, tbl, name)] = _found_shape(kind, detail)
     missing: list[RequiredObject] = []
@@ -146,7 +210,60 @@ def inspect_schema(connection: Connection, tables: QueueTables) -> SchemaReport:
             missing.append(obj)
         elif obj.shape and found[key] != obj.shape:
             different.append((obj, found[key]))
-    return SchemaReport(missing=missing, different=different, version=version)
+    lacking = []
+    if schema is not None:
+        lacking = [
+            need
+            for need in required_privileges(tables, schema)
+            if checked.get((need.kind, need.name, need.privilege)) is False
+        ]
+    return SchemaReport(
+        missing=missing,
+        different=different,
+        version=version,
+        missing_privileges=lacking,
+        role=role,
+        schema=schema,
+    )
+
+
+def grant_statements(privileges: list[RequiredPrivilege], schema: str, role: str) -> list[str]:
+    """The ``GRANT`` statements that give ``role`` ``privileges``: one per schema or table.
+
+    Identifiers are quoted where PostgreSQL needs it.
+    """
+    grantee = _QUOTE(role)
+    statements: list[str] = []
+    by_object: dict[tuple[str, str], list[str]] = {}
+    for need in privileges:
+        by_object.setdefault((need.kind, need.name), []).append(need.privilege)
+    for (kind, name), privs in by_object.items():
+        ordered = sorted(
+            privs, key=lambda p: DATA_PRIVILEGES.index(p) if p in DATA_PRIVILEGES else 9
+        )
+        listed = ", ".join(ordered)
+        if kind == "schema":
+            statements.append(f"GRANT {listed} ON SCHEMA {_QUOTE(name)} TO {grantee};")
+        else:
+            statements.append(f"GRANT {listed} ON {_QUOTE(schema)}.{_QUOTE(name)} TO {grantee};")
+    return statements
+
+
+def _refuse_privileges(report: SchemaReport) -> None:
+    schema = report.schema or ""
+    role = report.role or "CURRENT_USER"
+    lines = [need.describe(schema) for need in report.missing_privileges]
+    listing = "\n".join(f"  - {line}" for line in lines)
+    grants = "\n".join(
+        f"  {grant}" for grant in grant_statements(report.missing_privileges, schema, role)
+    )
+    raise InsufficientPrivilegeError(
+        f"sqla_queue cannot run: role {role!r} lacks {len(lines)} privilege(s) that workers "
+        f"and producers need on the queue's schema and tables:\n{listing}\n"
+        f"Fix: as the owner of the queue's tables (your migration role), run\n{grants}\n"
+        f"(the application role's grants in {GRANTS_GUIDE}).",
+        lines,
+    )
 
 
 def find_missing(
@@ -162,9 +279,17 @@ def find_missing(
 
 
 def verify_schema(connection: Connection, tables: QueueTables) -> None:
-    """Raise :class:`SchemaMismatchError` unless every required object exists as expected."""
+    """Refuse a database this process cannot run on.
+
+    Raises :class:`SchemaMismatchError` unless every required object exists as expected,
+    then :class:`InsufficientPrivilegeError` unless the connected role holds every privilege
+    a worker and a producer need (see :func:`~sqla_queue.schema.manifest.required_privileges`).
+    Both come from the one catalog query.
+    """
     report = inspect_schema(connection, tables)
     if report.ok:
+        if not report.privileges_ok:
+            _refuse_privileges(report)
         return
     version = report.version
     tables_missing = sum(obj.kind == "table" for obj in report.missing)

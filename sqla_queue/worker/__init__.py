@@ -6,4 +6,10 @@ from sqla_queue.worker.context import JobContext
 from sqla_queue.worker.settings import WorkerSettings
 from sqla_queue.worker.sync import Worker
 
-__all__ = ["AsyncWorker", "JobContext", "RunStats", "Worker", "WorkerSettings"]
+__all__ = [
+    "AsyncWorker",
+    "JobContext",
+    "RunStats",
+    "Worker",
+    "WorkerSettings",
+]

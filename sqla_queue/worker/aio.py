@@ -14,7 +14,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from sqla_queue.schema.verify import verify_schema
-from sqla_queue.worker.actions import Claim, Flush, Maintain, Stop, Wait, Work, claims
+from sqla_queue.worker.actions import Claim, Flush, Maintain, Stop, Wait, Work
 from sqla_queue.worker.background import sync_engine_from_url
 from sqla_queue.worker.base import RunStats, WorkerBase, bound_engine
 from sqla_queue.worker.core import ContextFactory, WorkerCore
@@ -49,10 +49,20 @@ class AsyncWorker(WorkerBase):
         super().__init__(plan, session_factory, settings)
         self.engine: AsyncEngine = bound_engine(session_factory)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._raw = raw_statements_for(self.engine.dialect, enabled=settings.raw_statements)
+        self._raw = raw_statements_for(
+            self.engine.dialect,
+            enabled=settings.raw_statements,
+            execution_options=self.engine.get_execution_options(),
+        )
 
     async def run(self, *, burst: bool = False) -> RunStats:
-        """Process jobs until SIGINT/SIGTERM (or :meth:`stop`); with ``burst``, until idle."""
+        """Process jobs until SIGINT/SIGTERM (or :meth:`stop`); with ``burst``, until idle.
+
+        Stops on its own, as on SIGTERM, and then raises, when a handler raises
+        ``KeyboardInterrupt`` or ``SystemExit`` (raised again as it is) or when the worker
+        cannot do its job (:class:`~sqla_queue.WorkerStoppedError`: a
+        missing privilege or table, an outcome the database refuses even as a failure).
+        """
         core = self._new_core(burst)
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
@@ -73,6 +83,7 @@ class AsyncWorker(WorkerBase):
                 await self._verify()
             await self._loop(core, wake)
         log.info("async worker %s stopped: %s", core.worker_id, core.stats)
+        self._raise_if_stopped_by(core)
         return self._stats(core)
 
     async def _verify(self) -> None:
@@ -89,7 +100,9 @@ class AsyncWorker(WorkerBase):
 
     async def _loop(self, core: WorkerCore, wake: asyncio.Event) -> None:
         # Heartbeats run on a thread with a sync connection, immune to a blocked loop.
-        heartbeat_engine = sync_engine_from_url(self.engine.url)
+        heartbeat_engine = sync_engine_from_url(
+            self.engine.url, self.engine.get_execution_options()
+        )
         pool, heartbeater, listener = self._start_background(
             core, heartbeat_engine, self.engine.url
         )
@@ -116,10 +129,9 @@ class AsyncWorker(WorkerBase):
                 except DBAPIError as exc:
                     await _discard(connection)
                     connection = None
-                    if claims(action) and self._is_lost_race(exc):
-                        core.claim_lost_race(now)
-                        continue
-                    await _wait(wake, core.database_error(action, exc, now))
+                    delay = core.database_error(action, exc, now)
+                    if delay > 0:
+                        await _wait(wake, delay)
         finally:
             self._stop_background(pool, heartbeater, listener)
             for task in list(self._tasks):

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -30,13 +32,15 @@ def libpq_url(url: URL) -> str:
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def sync_engine_from_url(url: URL) -> Engine:
+def sync_engine_from_url(url: URL, execution_options: Mapping[str, Any] | None = None) -> Engine:
     """A small synchronous psycopg engine on the same database as ``url``.
 
     An async worker's engine cannot be used from another thread; its heartbeater opens
-    its own single connection instead.
+    its own single connection instead. ``execution_options`` are the async engine's, so a
+    ``schema_translate_map`` (a tenant's) holds for the heartbeats too.
     """
-    return create_engine(url.set(drivername="postgresql+psycopg"), poolclass=NullPool)
+    engine = create_engine(url.set(drivername="postgresql+psycopg"), poolclass=NullPool)
+    return engine.execution_options(**execution_options) if execution_options else engine
 
 
 class Heartbeater(threading.Thread):
@@ -65,6 +69,8 @@ class Heartbeater(threading.Thread):
                 alive = connection.execute(self.core.heartbeat_statement, params).scalars().all()
         except Exception as exc:
             log.warning("heartbeat failed, retrying in %.1fs: %s", self.interval, exc)
+            # A lost privilege or table stops the worker instead of failing every beat.
+            self.core.heartbeat_failed(exc, time.monotonic())
             return
         self.core.mark_lost(params["ids"], alive)
 

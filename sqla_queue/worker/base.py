@@ -25,6 +25,8 @@ log = logging.getLogger("sqla_queue.worker")
 
 #: Tries of the start-up schema check when its connection is lost under it.
 VERIFY_ATTEMPTS = 5
+#: Longest wait, in seconds, for each background thread to end when the worker stops.
+THREAD_JOIN_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,24 @@ class WorkerBase:
         return core
 
     def _runner(self, core: WorkerCore) -> HandlerRunner:
-        return HandlerRunner(worker_id=core.worker_id, clock=core.clock, record=core.record)
+        return HandlerRunner(
+            worker_id=core.worker_id,
+            clock=core.clock,
+            record=core.record,
+            stop=lambda exc: core.handler_raised(exc, time.monotonic()),
+        )
+
+    @staticmethod
+    def _raise_if_stopped_by(core: WorkerCore) -> None:
+        """After a graceful stop the worker made on its own, raise why it stopped.
+
+        A handler's ``KeyboardInterrupt``/``SystemExit`` is raised as it is (the process
+        exits as the handler asked); a :class:`WorkerStoppedError` says what the worker
+        could not do and how to fix it.
+        """
+        error = core.stopped_by
+        if error is not None:
+            raise error
 
     def _make_context(self, core: WorkerCore) -> ContextFactory:
         tasks = self.plan.tasks
@@ -134,10 +153,19 @@ class WorkerBase:
     def _stop_background(
         pool: HandlerPool, heartbeater: Heartbeater, listener: Listener | None
     ) -> None:
+        """Halt the worker's threads and wait (boundedly) until they have ended.
+
+        Idle handler threads end at once; one still running a handler past the shutdown
+        timeout is left behind (a daemon: its job was handed back already).
+        """
         heartbeater.halt.set()
         if listener is not None:
             listener.halt.set()
         pool.close()
+        heartbeater.join(THREAD_JOIN_TIMEOUT)
+        if listener is not None:
+            listener.join(THREAD_JOIN_TIMEOUT)
+        pool.join(THREAD_JOIN_TIMEOUT)
 
     @staticmethod
     def _stats(core: WorkerCore) -> RunStats:

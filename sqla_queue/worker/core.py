@@ -24,20 +24,32 @@ from sqla_queue.core.outcomes import (
     OutcomeKind,
     outcome_lost_too_often,
     outcome_refused,
+    outcome_unwritable,
     outcomes_json,
 )
 from sqla_queue.core.payload import decode_arguments
-from sqla_queue.errors import UnknownTaskError
+from sqla_queue.errors import UnknownTaskError, WorkerStoppedError
 from sqla_queue.statements.claim import LimitedClaimParams
 from sqla_queue.statements.complete import CompleteParams
 from sqla_queue.statements.keys import CleanupParams, KeysParams, SweepParams
 from sqla_queue.statements.limits import LimitedTasksParams
 from sqla_queue.statements.liveness import HeartbeatParams, ReclaimParams
-from sqla_queue.worker.actions import Action, Claim, Flush, Maintain, Step, Stop, Wait, Work
+from sqla_queue.worker.actions import (
+    Action,
+    Claim,
+    Flush,
+    Maintain,
+    Step,
+    Stop,
+    Wait,
+    Work,
+    claims,
+)
 from sqla_queue.worker.context import JobContext
+from sqla_queue.worker.failures import Fault, classify, database_message, explain
 from sqla_queue.worker.handlers import RunningJob
 from sqla_queue.worker.plan import WorkerPlan
-from sqla_queue.worker.settings import WorkerSettings
+from sqla_queue.worker.settings import MAX_SECONDS, MIN_INTERVAL, WorkerSettings
 
 __all__ = ["Clock", "WorkerCore", "utcnow"]
 
@@ -52,6 +64,9 @@ SWEEP_KEYS = 100
 CLEANUP_BATCH = 100
 #: Seconds before a key whose finished execution an enqueue in flight holds is tried again.
 PARKED_RETRY = 0.2
+#: Failed tries of the last flush, once the shutdown timeout has passed, before a stopping
+#: worker gives up on writing its outcomes (the lost interval then returns those jobs).
+STOP_FLUSH_TRIES = 3
 
 #: The wall clock the core reads (error stamps, the next due time); tests pass their own.
 Clock = Callable[[], dt.datetime]
@@ -90,9 +105,15 @@ class WorkerCore:
         self.clock: Clock = clock or utcnow
         self._rng = rng or random.Random()
         shortest = plan.shortest_lease
-        self.heartbeat_interval = settings.heartbeat_interval or shortest / 4
+        # Derived from a lease, the intervals stay within what a setting may hold: a tiny
+        # lease must not make the heartbeat spin, a huge one not outgrow a timer.
+        self.heartbeat_interval = settings.heartbeat_interval or min(
+            max(shortest / 4, MIN_INTERVAL), MAX_SECONDS
+        )
         # Also how often stored limits are re-read, so a new limit applies within seconds.
-        self.reclaim_interval = settings.reclaim_interval or min(shortest / 2, 5.0)
+        self.reclaim_interval = settings.reclaim_interval or max(
+            min(shortest / 2, 5.0), MIN_INTERVAL
+        )
         self.declared_limits = plan.declared_limits
         # Until the stored limits are read, assume a limit can apply whenever one is
         # declared; the first maintenance step settles it before the first claim.
@@ -137,6 +158,18 @@ class WorkerCore:
         self._outcomes_seen_at: float | None = None
         self._last_claim_empty = False
         self._errors_in_row = 0
+        # Unique indexes whose violation by a claim means another worker won a race.
+        self._race_indexes = {str(ix.name) for ix in tables.executions.indexes if ix.unique}
+        # Outcomes at the head of the buffer to write one per statement: a completion of
+        # theirs failed with a data error, and one of them is at fault.
+        self._isolating = 0
+        self._last_flush: list[Outcome] = []
+        self._give_up = False
+        #: Why the worker stops on its own: a WorkerStoppedError (it cannot do its job) ...
+        self.fatal: WorkerStoppedError | None = None
+        #: ... or the KeyboardInterrupt/SystemExit a handler raised. ``run()`` raises it
+        #: once every thread has stopped.
+        self.raised: BaseException | None = None
         self.stats = {"claimed": 0, "succeeded": 0, "failed": 0, "retried": 0, "fenced": 0}
 
     # -- wiring ------------------------------------------------------------------------------
@@ -175,6 +208,8 @@ class WorkerCore:
             running = sum(1 for r in self._running.values() if not r.released)
             has_outcomes = bool(self._outcomes)
             if self._stop_deadline is not None:
+                if self._give_up:
+                    return Stop()
                 if has_outcomes:
                     return Flush()
                 if running and now < self._stop_deadline:
@@ -184,6 +219,8 @@ class WorkerCore:
                     return Flush()
                 return Stop()
         free = self.settings.concurrency - running
+        if has_outcomes and self._isolating:
+            return Flush()  # one outcome per statement, nothing else in the unit
         if has_outcomes:
             wait = self._ack_wait(now, running)
             if wait > 0:
@@ -251,10 +288,15 @@ class WorkerCore:
                 return jobs
 
             return self._unit([*key_steps, *claim_step], claimed, lambda: self._restore_keys(keys))
+        isolated = self._isolating > 0
         outcomes, params = self.take_outcomes()
-        keys, key_steps = self._key_steps()  # after the outcomes: theirs are among them
+        # After the outcomes: theirs are among them. An isolated outcome goes alone.
+        keys, key_steps = ([], []) if isolated else self._key_steps()
 
         def flushed(results: list[Sequence[Any]]) -> list[RunningJob]:
+            if isolated:
+                with self._lock:
+                    self._isolating = max(0, self._isolating - len(outcomes))
             self.completed(outcomes, [row[0] for row in results[0]])
             jobs = self.accept_claim(results[-1], size, now, make_context) if size else []
             # After the claim, which sets the next poll: a parked key may bring it closer.
@@ -370,13 +412,19 @@ class WorkerCore:
                 queue_id=row.queue_id,
                 payload=row.payload,
             )
-            admitted = self._admit(job)
+            try:
+                admitted = self._admit(job)
+                if not isinstance(admitted, Outcome):
+                    args, kwargs = admitted
+                    context = make_context(job)
+            except Exception as exc:  # committed as running: it must end, not linger
+                log.exception("job %s (%s) could not be prepared to run", job.id, job.task)
+                admitted = self._refused(job, exc)
             if isinstance(admitted, Outcome):
                 with self._lock:
                     self._buffer(admitted, job)
                 continue
-            args, kwargs = admitted
-            running = RunningJob(job, self.plan.tasks[job.task], args, kwargs, make_context(job))
+            running = RunningJob(job, self.plan.tasks[job.task], args, kwargs, context)
             with self._lock:
                 self._running[job.id] = running
             jobs.append(running)
@@ -460,7 +508,10 @@ class WorkerCore:
         Each outcome was encoded once, by the thread that made it; this only joins them.
         """
         with self._lock:
-            outcomes, self._outcomes = self._outcomes, []
+            if self._isolating:
+                outcomes, self._outcomes = self._outcomes[:1], self._outcomes[1:]
+            else:
+                outcomes, self._outcomes = self._outcomes, []
             self._outcomes_seen_at = None
         return outcomes, CompleteParams(outcomes=outcomes_json(outcomes), worker=self.worker_id)
 
@@ -491,22 +542,141 @@ class WorkerCore:
                 self.stats["retried"] += 1
 
     def flush_failed(self, outcomes: list[Outcome]) -> None:
-        """The completion did not reach the database: keep the outcomes for the next try."""
+        """The completion did not reach the database: keep the outcomes for the next try.
+
+        They go back to the head of the buffer; :meth:`database_error` then decides,
+        from the error, whether to retry them as they are or one by one.
+        """
         with self._lock:
             self._outcomes[:0] = outcomes
+            self._last_flush = list(outcomes)
 
     def database_error(self, action: Action, exc: BaseException, now: float) -> float:
-        """Log a failed statement and return how long to back off before the next one."""
+        """Handle a failed unit of ``action``; return how long to back off before the next.
+
+        A claim that lost a uniqueness race retries at once. An error retrying cannot fix
+        (see :mod:`sqla_queue.worker.failures`) either isolates the outcomes of a failed
+        completion or stops the worker with a :class:`WorkerStoppedError`; anything else
+        is logged and retried after an exponential backoff.
+        """
+        fault = classify(exc, self._race_indexes)
+        doing = type(action).__name__.lower()
+        if fault is Fault.RACE and claims(action):
+            self.claim_lost_race(now)
+            return 0.0
+        if fault is Fault.DATA and isinstance(action, Flush) and self._last_flush:
+            self._isolate(exc, now)
+            return 0.0
+        if fault in (Fault.DATA, Fault.PRIVILEGE, Fault.MISSING):
+            self.fail(WorkerStoppedError(explain(fault, exc, self.plan.tables, doing)), now)
+            return 0.0
         self._errors_in_row += 1
+        if self._stop_deadline is not None and (
+            self.fatal is not None
+            or (now >= self._stop_deadline and self._errors_in_row >= STOP_FLUSH_TRIES)
+        ):
+            log.error(
+                "database error during %s while stopping (%s); giving up: the jobs this "
+                "worker still holds return to the queue after their lost interval",
+                doing,
+                exc,
+            )
+            self._give_up = True
+            return 0.0
         delay = min(MAX_ERROR_BACKOFF, 0.1 * 2.0 ** min(self._errors_in_row - 1, 10))
-        log.warning(
-            "database error during %s (retrying in %.1fs): %s",
-            type(action).__name__.lower(),
-            delay,
-            exc,
-        )
+        log.warning("database error during %s (retrying in %.1fs): %s", doing, delay, exc)
         self._next_poll = now + delay
         return delay
+
+    def _isolate(self, exc: BaseException, now: float) -> None:
+        """A completion failed with a data error: find the outcome at fault and fail it.
+
+        A batch is written again one outcome per statement. A single outcome that still
+        fails is replaced by a plain failure of its job that names the database's reason;
+        if even that is refused, the worker stops.
+        """
+        reason = database_message(exc)
+        with self._lock:
+            failed, self._last_flush = self._last_flush, []
+            if len(failed) > 1:
+                self._isolating = max(self._isolating, len(failed))
+                log.warning(
+                    "a completion of %d outcomes failed (%s); writing them one by one to "
+                    "find the one at fault",
+                    len(failed),
+                    reason,
+                )
+                return
+            (outcome,) = failed
+            replace = not outcome.extra.get("stand_in")
+            if replace and self._outcomes and self._outcomes[0] is outcome:
+                self._outcomes[0] = outcome_unwritable(
+                    outcome, reason, worker_id=self.worker_id, now=self.clock()
+                )
+            self._isolating = max(self._isolating, 1)
+        if replace:
+            log.error(
+                "job %s attempt %s: the database refused its %s outcome (%s); failing the "
+                "job with that reason instead",
+                outcome.job_id,
+                outcome.attempt,
+                outcome.kind.value,
+                reason,
+            )
+            return
+        self.fail(
+            WorkerStoppedError(
+                f"the worker stopped: the database refused even a plain failure of job "
+                f"{outcome.job_id} attempt {outcome.attempt} ({reason}); check that job's "
+                "row and the queue's tables, then start the worker again"
+            ),
+            now,
+        )
+
+    def fail(self, error: WorkerStoppedError, now: float) -> None:
+        """Stop as on SIGTERM because the worker cannot do its job; ``run()`` raises ``error``.
+
+        Running handlers get the shutdown timeout and their outcomes one more write; a
+        database error during that stop ends it at once.
+        """
+        with self._lock:
+            first = self.fatal is None
+            if first:
+                self.fatal = error
+            else:
+                self._give_up = True
+        if first:
+            log.error("%s", error)
+        self.request_stop(now)
+
+    def handler_raised(self, exc: BaseException, now: float) -> None:
+        """A handler raised KeyboardInterrupt or SystemExit: stop as on SIGTERM.
+
+        Its attempt is recorded already. ``run()`` raises ``exc`` (the first one, if
+        several handlers raise) once every thread has stopped.
+        """
+        with self._lock:
+            first = self.raised is None
+            if first:
+                self.raised = exc
+        if first:
+            log.error(
+                "a handler raised %s: stopping the worker as on SIGTERM (running jobs "
+                "finish or are handed back), then raising it",
+                type(exc).__name__,
+            )
+        self.request_stop(now)
+
+    @property
+    def stopped_by(self) -> BaseException | None:
+        """What ``run()`` raises after its graceful stop, if the worker stopped on its own."""
+        return self.raised or self.fatal
+
+    def heartbeat_failed(self, exc: BaseException, now: float) -> None:
+        """A heartbeat failed: stop when retrying cannot help, else the next beat retries."""
+        fault = classify(exc, self._race_indexes)
+        if fault in (Fault.PRIVILEGE, Fault.MISSING):
+            self.fail(WorkerStoppedError(explain(fault, exc, self.plan.tables, "heartbeat")), now)
 
     # -- liveness ----------------------------------------------------------------------------
 

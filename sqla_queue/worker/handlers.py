@@ -15,6 +15,7 @@ import datetime as dt
 import logging
 import queue as queue_module
 import threading
+import time
 import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -22,16 +23,19 @@ from typing import Any
 
 from sqla_queue.core.outcomes import (
     ClaimedJob,
+    InvalidOutcomeError,
     Outcome,
     OutcomeKind,
+    check_outcome,
     outcome_for_error,
     outcome_for_return,
     outcome_refused,
+    sanitize_text,
 )
 from sqla_queue.worker.context import JobContext
 from sqla_queue.worker.plan import TaskRuntime
 
-__all__ = ["HandlerPool", "HandlerRunner", "PrivateLoop", "RunningJob"]
+__all__ = ["HandlerPool", "HandlerRunner", "PrivateLoop", "RunningJob", "stops_the_process"]
 
 log = logging.getLogger("sqla_queue.worker")
 
@@ -56,10 +60,26 @@ class RunningJob:
     released: bool = field(default=False)
 
 
+def stops_the_process(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a handler, asks the process to stop.
+
+    ``KeyboardInterrupt`` and ``SystemExit`` do: the worker records the attempt, then
+    stops as on SIGTERM and ``run()`` raises the exception. Any other exception, even
+    another ``BaseException``, is only the attempt's failure.
+    """
+    return isinstance(exc, KeyboardInterrupt | SystemExit)
+
+
 class HandlerRunner:
     """Calls handlers and reports each outcome to ``record``, exactly once per call.
 
-    ``clock`` stamps error entries; ``worker_id`` names the worker in them.
+    Nothing a handler returns or raises escapes: each call ends in one recorded outcome,
+    built here and encoded once. An outcome that cannot be stored as it is (see
+    :func:`~sqla_queue.core.outcomes.check_outcome`) becomes a failed attempt that names
+    the reason, and the task's retry policy and ``max_attempts`` apply to it as to any
+    failure. ``clock`` stamps error entries; ``worker_id`` names the worker in them.
+    ``stop`` is called (after the outcome is recorded) when a handler raised
+    ``KeyboardInterrupt`` or ``SystemExit``.
     """
 
     def __init__(
@@ -68,10 +88,12 @@ class HandlerRunner:
         worker_id: uuid.UUID,
         clock: Callable[[], dt.datetime],
         record: Callable[[RunningJob, Outcome], None],
+        stop: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.clock = clock
         self.record = record
+        self.stop = stop
 
     def call_arguments(self, running: RunningJob) -> list[Any]:
         """The positional arguments of the call: the context first when the task asks."""
@@ -81,64 +103,137 @@ class HandlerRunner:
 
     def run_sync(self, running: RunningJob) -> None:
         """Call a ``def`` handler and record what happened. Never raises."""
+        raised: BaseException | None = None
         try:
-            value = running.runtime.handler(*self.call_arguments(running), **running.kwargs)
-        except BaseException as exc:  # a handler's SystemExit must not kill its thread silently
-            outcome = self.outcome_of_error(running, exc)
-        else:
-            outcome = self.outcome_of_return(running, value)
+            try:
+                value = running.runtime.handler(*self.call_arguments(running), **running.kwargs)
+            except BaseException as exc:  # SystemExit too: recorded, then a graceful stop
+                raised = exc
+                outcome = self.outcome_of_error(running, exc)
+            else:
+                outcome = self.outcome_of_return(running, value)
         finally:
             _close_sync_session(running)
-        self.record(running, outcome)
+        self._report(running, outcome, raised)
 
     async def run_async(self, running: RunningJob) -> None:
-        """Await an ``async def`` handler and record what happened.
-
-        A cancellation (the worker's loop shutting down) propagates and records nothing:
+        """Await an ``async def`` handler and record what happened. Never raises, except
+        the cancellation of its own task (the worker's shutdown), which records nothing:
         the job was released already.
+
+        A ``CancelledError`` the handler raises on its own (its task was not cancelled) is
+        a failed attempt like any other exception. ``KeyboardInterrupt`` and
+        ``SystemExit`` are recorded too, then stop the worker, instead of tearing down the
+        event loop under it.
         """
+        raised: BaseException | None = None
         try:
-            value = await running.runtime.handler(*self.call_arguments(running), **running.kwargs)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            outcome = self.outcome_of_error(running, exc)
-        else:
-            outcome = self.outcome_of_return(running, value)
+            try:
+                value = await running.runtime.handler(
+                    *self.call_arguments(running), **running.kwargs
+                )
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                raised = exc
+                outcome = self.outcome_of_error(running, exc)
+            except BaseException as exc:
+                raised = exc
+                outcome = self.outcome_of_error(running, exc)
+            else:
+                outcome = self.outcome_of_return(running, value)
         finally:
             await _close_async_session(running)
+        self._report(running, outcome, raised)
+
+    def _report(self, running: RunningJob, outcome: Outcome, raised: BaseException | None) -> None:
         self.record(running, outcome)
+        if raised is not None and stops_the_process(raised) and self.stop is not None:
+            self.stop(raised)
 
     def outcome_of_return(self, running: RunningJob, value: Any) -> Outcome:
-        """The outcome of a handler that returned ``value``, encoded for the completion.
+        """The outcome of a handler that returned ``value``, checked and encoded.
 
-        A result JSON cannot hold is kept as its ``repr``.
+        A result JSON cannot hold (a set, a NaN) is kept as its ``repr``. A result that
+        cannot be stored (a NUL, a lone surrogate, nested too deep) or a reschedule beyond
+        the latest due time is a failed attempt with the reason. Never raises.
         """
-        outcome = outcome_for_return(running.job, value)
         try:
-            outcome.encoded  # noqa: B018 - encode now, in this thread, exactly once
-        except (TypeError, ValueError):
-            if outcome.kind is not OutcomeKind.SUCCEEDED:
-                return self._unencodable(running, outcome)
-            log.warning(
-                "job %s (%s) returned a value that is not JSON; storing its repr",
-                running.job.id,
-                running.job.task,
-            )
-            outcome = outcome_for_return(running.job, {"repr": repr(value)[:MAX_RESULT_REPR]})
-            return self._encoded(running, outcome)
+            outcome = outcome_for_return(running.job, value)
+            try:
+                check_outcome(outcome, self.clock())
+            except InvalidOutcomeError:
+                raise
+            except (TypeError, ValueError):
+                if outcome.kind is not OutcomeKind.SUCCEEDED:
+                    raise
+                outcome = self._repr_stand_in(running, value)
+        except Exception as exc:
+            return self._failed_attempt(running, exc)
+        return outcome
+
+    def _repr_stand_in(self, running: RunningJob, value: Any) -> Outcome:
+        log.warning(
+            "job %s (%s) returned a value that is not JSON; storing its repr",
+            running.job.id,
+            running.job.task,
+        )
+        text, _ = sanitize_text(repr(value)[:MAX_RESULT_REPR])
+        outcome = outcome_for_return(running.job, {"repr": text})
+        check_outcome(outcome, self.clock())
         return outcome
 
     def outcome_of_error(self, running: RunningJob, exc: BaseException) -> Outcome:
-        """The outcome of a handler that raised ``exc``, encoded for the completion."""
-        outcome = outcome_for_error(
-            running.job,
-            exc,
-            policy=running.runtime.retry,
-            worker_id=self.worker_id,
-            now=self.clock(),
-        )
+        """The outcome of a handler that raised ``exc``, checked and encoded. Never raises.
+
+        A ``Retry`` or ``Reschedule`` whose next run falls after the latest due time is a
+        failed attempt with the reason instead.
+        """
+        try:
+            outcome = outcome_for_error(
+                running.job,
+                exc,
+                policy=running.runtime.retry,
+                worker_id=self.worker_id,
+                now=self.clock(),
+            )
+            check_outcome(outcome, self.clock())
+        except Exception as problem:
+            return self._failed_attempt(running, problem, cause=exc)
+        self._log_error(running, outcome, type(exc).__name__)
+        return outcome
+
+    def _failed_attempt(
+        self, running: RunningJob, problem: Exception, cause: BaseException | None = None
+    ) -> Outcome:
+        """A failed attempt of ``running``'s job, because its outcome could not be built.
+
+        The retry policy and ``max_attempts`` apply. If even that outcome cannot be
+        stored (a retry policy whose delay is out of range), the job fails for good.
+        """
+        if not isinstance(problem, InvalidOutcomeError):
+            message = f"the outcome of this attempt could not be built: {_describe(problem)}"
+            reason: Exception = InvalidOutcomeError(message)
+            reason.__cause__ = problem
+        else:
+            reason = problem
+            if cause is not None and reason.__cause__ is None:
+                reason.__cause__ = cause
+        now = self.clock()
+        try:
+            outcome = outcome_for_error(
+                running.job, reason, policy=running.runtime.retry, worker_id=self.worker_id, now=now
+            )
+            check_outcome(outcome, now)
+        except Exception:
+            outcome = _plain_failure(running.job, reason, worker_id=self.worker_id, now=now)
+        self._log_error(running, outcome, type(reason).__name__)
+        return outcome
+
+    def _log_error(self, running: RunningJob, outcome: Outcome, raised: str) -> None:
         level = logging.ERROR if outcome.kind is OutcomeKind.FAILED else logging.WARNING
+        message = outcome.error["message"] if outcome.error else ""
         log.log(
             level,
             "job %s (%s) attempt %s (max_attempts %s) raised %s: %s -> %s",
@@ -146,24 +241,39 @@ class HandlerRunner:
             running.job.task,
             running.job.attempt,
             running.job.max_attempts,
-            type(exc).__name__,
-            exc,
+            raised,
+            message,
             outcome.kind.value,
         )
-        return self._encoded(running, outcome)
 
-    def _encoded(self, running: RunningJob, outcome: Outcome) -> Outcome:
-        try:
-            outcome.encoded  # noqa: B018 - encode now, in this thread, exactly once
-        except (TypeError, ValueError):
-            return self._unencodable(running, outcome)
-        return outcome
 
-    def _unencodable(self, running: RunningJob, outcome: Outcome) -> Outcome:
-        """An outcome JSON cannot hold (a NaN delay, say) becomes the job's failure."""
-        error = ValueError(f"the {outcome.kind.value} outcome of this attempt cannot be stored")
-        log.error("job %s (%s): %s", running.job.id, running.job.task, error)
-        return outcome_refused(running.job, error, worker_id=self.worker_id, now=self.clock())
+def _plain_failure(
+    job: ClaimedJob, reason: Exception, *, worker_id: uuid.UUID, now: dt.datetime
+) -> Outcome:
+    """The job's final failure for ``reason``; as plain as it gets if even that fails."""
+    try:
+        outcome = outcome_refused(job, reason, worker_id=worker_id, now=now)
+        check_outcome(outcome, now)
+    except Exception:
+        error = {
+            "attempt": job.attempt,
+            "type": "sqla_queue.core.outcomes.InvalidOutcomeError",
+            "message": "the outcome of this attempt could not be built or stored",
+            "traceback": None,
+            "worker": str(worker_id),
+            "at": now.isoformat(),
+        }
+        outcome = Outcome(job.id, job.attempt, OutcomeKind.FAILED, error=error)
+    return outcome
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    text, _ = sanitize_text(text[:500])
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _close_sync_session(running: RunningJob) -> None:
@@ -199,18 +309,23 @@ class HandlerPool:
             threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
             for i in range(size)
         ]
+        self._busy: set[threading.Thread] = set()
         for thread in self._threads:
             thread.start()
 
     def _serve(self) -> None:
+        me = threading.current_thread()
         while True:
             item = self._tasks.get()
             if item is None:
                 return
+            self._busy.add(me)
             try:
                 item()
             except BaseException:
                 log.exception("a handler thread caught an unexpected error")
+            finally:
+                self._busy.discard(me)
 
     def submit(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the next free thread."""
@@ -220,6 +335,14 @@ class HandlerPool:
         """Let the threads exit once their current call returns; does not wait for them."""
         for _ in self._threads:
             self._tasks.put(None)
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds in all for the idle threads to end (after
+        :meth:`close`). A thread still running a handler is not waited for."""
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            if thread not in self._busy:
+                thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class PrivateLoop:
@@ -236,6 +359,10 @@ class PrivateLoop:
         """Schedule ``coro`` (a handler run that records its own outcome) on the loop."""
         asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def close(self) -> None:
-        """Stop the loop; unfinished handlers are abandoned (their jobs were released)."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the loop and wait up to ``timeout`` seconds for its thread to end.
+
+        Unfinished handlers are abandoned (their jobs were released).
+        """
         self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout)

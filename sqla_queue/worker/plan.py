@@ -8,6 +8,7 @@ attempts, lease, reclaims, declared limit). The core's unit tests build plans by
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,31 @@ from typing import Any
 from sqla_queue.core.backoff import RetryPolicy
 from sqla_queue.models.tables import QueueTables
 
-__all__ = ["TaskRuntime", "WorkerPlan"]
+__all__ = ["MAX_LEASE", "TaskRuntime", "WorkerPlan"]
+
+#: Longest lost interval (lease) a worker accepts, in seconds: a year (as for task options).
+MAX_LEASE = 365 * 86_400.0
+
+
+def _whole(where: str, name: str, value: object, *, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{where}: {name} must be a whole number, got {value!r}")
+    if value < low:
+        raise ValueError(f"{where}: {name} must be at least {low}, got {value!r}")
+
+
+def _lease(what: str, value: object) -> None:
+    """A lost interval: a finite number of seconds, above zero, at most :data:`MAX_LEASE`.
+
+    A NaN or a zero would make the heartbeat and the reclaimer spin.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or not 0 < value <= MAX_LEASE:
+        raise ValueError(
+            f"{what} must be a finite number of seconds above 0 and at most "
+            f"{MAX_LEASE:g}, got {value!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -37,6 +62,23 @@ class TaskRuntime:
     #: The limit declared in code; a stored limit wins over it.
     declared_limit: int | None = None
 
+    def __post_init__(self) -> None:
+        where = f"task {self.name!r}"
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a task's name must be a non-empty string, got {self.name!r}")
+        if not callable(self.handler):
+            raise TypeError(f"{where}: the handler must be callable, got {self.handler!r}")
+        for flag in ("is_async", "pass_context"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"{where}: {flag} must be True or False")
+        _whole(where, "max_attempts", self.max_attempts, low=1)
+        _whole(where, "max_reclaims", self.max_reclaims, low=0)
+        if self.declared_limit is not None:
+            _whole(where, "concurrency_limit", self.declared_limit, low=1)
+        if not isinstance(self.retry, RetryPolicy):
+            raise TypeError(f"{where}: retry must be a RetryPolicy, got {self.retry!r}")
+        _lease(f"{where}: lost_interval", self.lease)
+
 
 @dataclass(frozen=True)
 class WorkerPlan:
@@ -53,6 +95,12 @@ class WorkerPlan:
     def __post_init__(self) -> None:
         if not self.tasks:
             raise ValueError("a worker plan needs at least one task")
+        if not isinstance(self.notify, bool):
+            raise TypeError(f"notify must be True or False, got {self.notify!r}")
+        _lease("the queue's lost_interval", self.default_lease)
+        for name, runtime in self.tasks.items():
+            if not isinstance(runtime, TaskRuntime) or runtime.name != name:
+                raise ValueError(f"the plan's task {name!r} must be a TaskRuntime of that name")
 
     @property
     def task_names(self) -> list[str]:

@@ -40,8 +40,16 @@ def supports_raw(dialect: Dialect) -> bool:
     return dialect.name == "postgresql" and dialect.driver == "psycopg"
 
 
-def raw_statements_for(dialect: Dialect, *, enabled: bool) -> RawStatements | None:
-    """The renderer a worker face uses, or None to run statements through SQLAlchemy."""
+def raw_statements_for(
+    dialect: Dialect, *, enabled: bool, execution_options: Mapping[str, Any]
+) -> RawStatements | None:
+    """The renderer a worker face uses, or None to run statements through SQLAlchemy.
+
+    An engine with a ``schema_translate_map`` (a tenant's) keeps SQLAlchemy's execution,
+    which applies the map; the raw text is compiled once, without it.
+    """
+    if "schema_translate_map" in execution_options:
+        return None
     return RawStatements(dialect) if enabled and supports_raw(dialect) else None
 
 

@@ -2,24 +2,58 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["WorkerSettings"]
+__all__ = ["MAX_CONCURRENCY", "MAX_SECONDS", "MIN_INTERVAL", "WorkerSettings"]
+
+#: Most handlers (and claim batch) one worker process may run at once.
+MAX_CONCURRENCY = 10_000
+#: Shortest poll, heartbeat and reclaim interval, in seconds: anything shorter busy-loops.
+MIN_INTERVAL = 0.01
+#: Longest interval or timeout a setting may hold, in seconds (a day).
+MAX_SECONDS = 86_400.0
+#: Longest ``ack_delay``, in seconds.
+MAX_ACK_DELAY = 60.0
+
+
+def _whole(name: str, value: object, *, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}, got {value!r}")
+
+
+def _seconds(name: str, value: object, *, low: float, high: float = MAX_SECONDS) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(
+            f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})"
+        )
+    if not math.isfinite(value) or not low <= value <= high:
+        raise ValueError(
+            f"{name} must be a finite number of seconds from {low:g} to {high:g}, got {value!r}"
+        )
 
 
 @dataclass(frozen=True)
 class WorkerSettings:
     """How a worker runs.
 
+    Every value is checked when the settings are made; a wrong one raises ``TypeError``
+    or ``ValueError`` naming the setting and the rule. Whole numbers are ``int`` (not
+    ``bool``); seconds are finite ``int`` or ``float`` values; intervals are at least
+    10 ms (shorter ones busy-loop) and, like timeouts, at most a day.
+
     Attributes:
-        concurrency: handlers running at once in this process.
-        batch_size: most executions one claim takes (default: ``concurrency``).
-        tasks: names of the tasks this worker claims (default: every registered task).
-            Workers of different services sharing a database leave each other's tasks alone.
+        concurrency: handlers running at once in this process (1 to 10,000).
+        batch_size: most executions one claim takes (default: ``concurrency``; 1 to 10,000).
+        tasks: names of the tasks this worker claims (default: every registered task): a
+            list of strings, not one string. Workers of different services sharing a
+            database leave each other's tasks alone.
         poll_interval: longest sleep between polls when nothing wakes the worker, seconds.
         shutdown_timeout: how long, after SIGTERM/SIGINT, running handlers may finish before
-            their jobs are handed back to the queue.
+            their jobs are handed back to the queue (0 to a day).
         listen: LISTEN for enqueue notifications (default: the queue's ``notify``).
         heartbeat_interval: seconds between heartbeats (default: a quarter of the shortest
             lost interval of this worker's tasks).
@@ -27,7 +61,8 @@ class WorkerSettings:
             stored concurrency limits, and keys whose next job is owed a promotion
             (default: half the shortest lost interval of this worker's tasks, at most 5 s).
         ack_delay: longest time, in seconds, a finished job's acknowledgement waits for others
-            to share its statement while more handlers are still running (0: ack at once).
+            to share its statement while more handlers are still running (0: ack at once;
+            at most 60).
         verify_schema: check the database schema before the first claim.
         generic_plans: run the worker's transactions with ``plan_cache_mode =
             force_generic_plan`` (``SET LOCAL``, so it holds behind a pooler in
@@ -60,16 +95,32 @@ class WorkerSettings:
     install_signal_handlers: bool = True
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
-        if self.poll_interval <= 0:
-            raise ValueError("poll_interval must be positive")
-        if self.shutdown_timeout < 0:
-            raise ValueError("shutdown_timeout cannot be negative")
-        if self.ack_delay < 0:
-            raise ValueError("ack_delay cannot be negative")
+        _whole("concurrency", self.concurrency, low=1, high=MAX_CONCURRENCY)
+        if self.batch_size is not None:
+            _whole("batch_size", self.batch_size, low=1, high=MAX_CONCURRENCY)
+        if self.tasks is not None:
+            if isinstance(self.tasks, str | bytes) or not isinstance(self.tasks, Sequence):
+                raise TypeError(
+                    f"tasks must be a list of task names (not a single string), got {self.tasks!r}"
+                )
+            if not self.tasks:
+                raise ValueError("tasks, when given, must name at least one task")
+            for name in self.tasks:
+                if not isinstance(name, str):
+                    raise TypeError(f"tasks must hold task names (str), got {name!r}")
+        _seconds("poll_interval", self.poll_interval, low=MIN_INTERVAL)
+        _seconds("shutdown_timeout", self.shutdown_timeout, low=0.0)
+        if self.heartbeat_interval is not None:
+            _seconds("heartbeat_interval", self.heartbeat_interval, low=MIN_INTERVAL)
+        if self.reclaim_interval is not None:
+            _seconds("reclaim_interval", self.reclaim_interval, low=MIN_INTERVAL)
+        _seconds("ack_delay", self.ack_delay, low=0.0, high=MAX_ACK_DELAY)
+        if self.listen is not None and not isinstance(self.listen, bool):
+            raise TypeError(f"listen must be True, False or None, got {self.listen!r}")
+        for name in ("verify_schema", "generic_plans", "raw_statements", "install_signal_handlers"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be True or False, got {value!r}")
 
     @property
     def claim_batch(self) -> int:

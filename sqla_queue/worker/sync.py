@@ -14,7 +14,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue.schema.verify import verify_schema
-from sqla_queue.worker.actions import Claim, Flush, Maintain, Stop, Wait, Work, claims
+from sqla_queue.worker.actions import Claim, Flush, Maintain, Stop, Wait, Work
 from sqla_queue.worker.base import RunStats, WorkerBase, bound_engine
 from sqla_queue.worker.core import ContextFactory, WorkerCore
 from sqla_queue.worker.handlers import HandlerPool, HandlerRunner, PrivateLoop, RunningJob
@@ -47,13 +47,21 @@ class Worker(WorkerBase):
         super().__init__(plan, session_factory, settings)
         self.engine: Engine = bound_engine(session_factory)
         self._wake = threading.Event()
-        self._raw = raw_statements_for(self.engine.dialect, enabled=settings.raw_statements)
+        self._raw = raw_statements_for(
+            self.engine.dialect,
+            enabled=settings.raw_statements,
+            execution_options=self.engine.get_execution_options(),
+        )
 
     def run(self, *, burst: bool = False) -> RunStats:
         """Process jobs until SIGINT/SIGTERM (or :meth:`stop`); with ``burst``, until idle.
 
         Refuses to start (:class:`~sqla_queue.SchemaMismatchError`) when the database
-        lacks anything this version needs.
+        lacks anything this version needs. Stops on its own, as on SIGTERM, and then
+        raises, when a handler raises ``KeyboardInterrupt`` or ``SystemExit`` (raised again
+        as it is) or when the worker cannot do its job
+        (:class:`~sqla_queue.WorkerStoppedError`: a missing privilege or
+        table, an outcome the database refuses even as a failure).
         """
         core = self._new_core(burst)
         core.set_waker(self._wake.set)
@@ -66,6 +74,7 @@ class Worker(WorkerBase):
                 self._verify()
             self._loop(core)
         log.info("worker %s stopped: %s", core.worker_id, core.stats)
+        self._raise_if_stopped_by(core)
         return self._stats(core)
 
     def _verify(self) -> None:
@@ -111,10 +120,9 @@ class Worker(WorkerBase):
                 except DBAPIError as exc:
                     _discard(connection)
                     connection = None
-                    if claims(action) and self._is_lost_race(exc):
-                        core.claim_lost_race(now)
-                        continue
-                    wake.wait(core.database_error(action, exc, now))
+                    delay = core.database_error(action, exc, now)
+                    if delay > 0:
+                        wake.wait(delay)
         finally:
             self._stop_background(pool, heartbeater, listener)
             if private_loop is not None:

@@ -1,4 +1,5 @@
-"""Chaos drain: 4 workers, 10,000 jobs, SIGKILLs every ~2 s, connections cut twice.
+"""Chaos drain: 4 workers, 10,000 jobs and a poison mix, SIGKILLs every ~2 s, connections
+cut twice.
 
 The scenario and the accounting live in :mod:`tests.support.chaos` (``bench/chaos.py`` runs
 the same thing for longer). What this test expects:
@@ -9,7 +10,9 @@ the same thing for longer). What this test expects:
   because ``pg_terminate_backend`` cut the handler's own connection, and that failure is in
   the job's error history under that attempt (the ``chaos`` task allows 10 attempts with a
   short backoff, so such a job retries and succeeds);
-* workers survive the backend sweeps (no worker exits on its own) and exit 0 on SIGTERM.
+* workers survive the backend sweeps (no worker exits on its own but the one a handler's
+  ``SystemExit`` stopped) and exit 0 on SIGTERM;
+* every poison job (issue 12) ends ``failed`` with its reason, and no worker wedges.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tests.support.app import ExecutionLog, queue, slow_first
 from tests.support.chaos import (
+    POISONS,
     ChaosConfig,
     catches_sigterm,
     run_chaos,
@@ -36,12 +40,28 @@ from tests.support.running import wait_for
 pytestmark = pytest.mark.acceptance
 
 
-def test_chaos_drain_loses_nothing_and_reruns_only_what_was_killed(
+def test_chaos_drain_with_a_poison_mix_loses_nothing_and_wedges_no_worker(
     db_url: str, tmp_path: Path
 ) -> None:
+    """10,000 normal jobs under SIGKILLs and backend sweeps, with issue 12's poison mix
+    among them: a retry and a reschedule due after the year 9999, a NUL result, a
+    5,000-deep result, an async ``SystemExit``, and an execution written by hand for the
+    year 20,000.
+
+    Every normal job succeeds (reruns only where a kill or a cut connection explains them),
+    every poison job ends failed with its reason, the far-future row stays pending and
+    harms nobody, and the only worker that exits on its own is the one the ``SystemExit``
+    stopped, gracefully and with the handler's exit code.
+    """
     # About 75 s on this 2-core machine; the drain timeout leaves room for a busy day.
     config = ChaosConfig(
-        jobs=10_000, workers=4, concurrency=10, kill_every=2.0, terminations=2, timeout=240.0
+        jobs=10_000,
+        workers=4,
+        concurrency=10,
+        kill_every=2.0,
+        terminations=2,
+        timeout=240.0,
+        poison=True,
     )
     run = run_chaos(db_url, config, tmp_path, on_progress=print)
     report = verify_chaos(db_url, run)
@@ -58,6 +78,12 @@ def test_chaos_drain_loses_nothing_and_reruns_only_what_was_killed(
     # The workers felt the cut connections and carried on.
     assert report.log_counts["database error"] > 0, report.log_counts
     assert report.log_counts["listen reconnect"] > 0, report.log_counts
+    # Each poison failed alone; the SystemExit stopped its worker, and only that one.
+    assert report.poison_failed == len(POISONS) == len(run.poison_jobs)
+    assert report.poison_stops >= 1
+    assert len(run.far_future) == 1
+    # The poison was refused before any write: no completion had to be isolated.
+    assert report.log_counts["isolated acks"] == 0, report.log_counts
 
 
 def test_a_running_worker_recovers_a_killed_workers_job_within_its_lease(

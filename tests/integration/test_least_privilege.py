@@ -1,8 +1,10 @@
-"""The enqueue, worker and liveness tests again, as a role with DML rights only.
+"""The worker suites again, as the deployment guide's least-privilege roles.
 
-A worker and an enqueuing app need SELECT/INSERT/UPDATE/DELETE on the queue tables and
-USAGE on the schema and sequences; nothing at runtime may need DDL. The conftest's
-``SQLA_QUEUE_TEST_DML_ROLE`` switch connects every test engine as such a role.
+The conftest's ``SQLA_QUEUE_TEST_DML_ROLE`` switch connects every test engine as a role
+that has exactly the grants of ``docs/guides/deployment.md`` (read from the page, see
+``tests/support/grants.py``): ``app`` for the application role that producers and workers
+use, ``admin`` for the operator role, which may also change stored limits. Nothing at
+runtime may need DDL, and a worker must do everything, limits included, with those grants.
 """
 
 from __future__ import annotations
@@ -17,22 +19,28 @@ import pytest
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-SUITES = ["test_enqueue.py", "test_worker.py", "test_liveness.py", "test_claim.py"]
+#: The whole worker suite, as the application role.
+APP_ROLE_SUITES = ["test_enqueue.py", "test_worker.py", "test_liveness.py", "test_claim.py"]
+#: The limit tests store limits (set_limit): the operator role.
+ADMIN_ROLE_SUITES = ["test_limits.py"]
 
 
 @pytest.mark.skipif(
-    os.environ.get("SQLA_QUEUE_TEST_DML_ROLE") == "1", reason="already the restricted run"
+    os.environ.get("SQLA_QUEUE_TEST_DML_ROLE") is not None, reason="already a restricted run"
 )
-def test_suites_pass_as_a_dml_only_role() -> None:
-    env = {**os.environ, "SQLA_QUEUE_TEST_DML_ROLE": "1"}
-    paths = [str(Path(__file__).parent / name) for name in SUITES]
+@pytest.mark.parametrize(
+    ("role", "suites"), [("app", APP_ROLE_SUITES), ("admin", ADMIN_ROLE_SUITES)]
+)
+def test_suites_pass_as_a_dml_only_role(role: str, suites: list[str]) -> None:
+    env = {**os.environ, "SQLA_QUEUE_TEST_DML_ROLE": role}
+    paths = [str(Path(__file__).parent / name) for name in suites]
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
         check=False,
     )
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]

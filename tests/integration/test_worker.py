@@ -6,7 +6,7 @@ import datetime as dt
 import itertools
 
 import pytest
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -257,10 +257,17 @@ def test_a_job_due_after_the_year_9999_stops_no_worker(
     SessionLocal: sessionmaker[Session],
 ) -> None:
     # A valid timestamptz that no Python datetime can hold: the claim's next due time must
-    # never carry it back, or every claim of every worker would fail on reading it.
+    # never carry it back, or every claim of every worker would fail on reading it. Enqueue
+    # refuses such a due time now, so the row is written by hand (or an older version).
     with SessionLocal.begin() as session:
-        far = noop.options(delay=1e12).enqueue(session)
+        far = noop.options(delay=60).enqueue(session)
         near = record.enqueue(session, value="near")
+        executions = queue.JobExecution
+        session.execute(
+            update(executions)
+            .where(executions.id == far)
+            .values(execute_at=func.now() + dt.timedelta(days=1e12 / 86_400))
+        )
 
     stats = queue.worker(SessionLocal, poll_interval=0.05).run(burst=True)
 

@@ -26,10 +26,20 @@ exactly two reasons, and each extra execution must show which one:
 
 Anything else (say, a live worker losing a job to a reclaim because its heartbeat stalled,
 or a completion written twice) is reported as unexplained.
+
+With ``ChaosConfig(poison=True)`` the run also carries the poison mix of issue 12, spread
+among the normal jobs (see :data:`POISONS`): a retry and a reschedule far beyond the year
+9999, a result holding a NUL, a result nested 5,000 deep, and an ``async def`` handler that
+raises ``SystemExit``; plus one execution written straight into the table with a due time
+in the year 20,000, which no enqueue accepts. Every poison job must end ``failed`` with its
+reason, the far-future row must stay pending and untouched, every normal job must still
+succeed, and the only worker that may exit on its own is the one the ``SystemExit``
+stopped (gracefully, with the handler's exit code).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import signal
@@ -45,11 +55,13 @@ from sqlalchemy import Connection, Engine, create_engine, func, select, text
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
+from sqla_queue import Queue, Reschedule, Retry, RetryPolicy, UnknownTaskError
 from tests.support.app import ExecutionLog, Result, chaos, queue
 from tests.support.processes import start_worker
 
 __all__ = [
     "CONNECTION_FAULTS",
+    "POISONS",
     "ChaosConfig",
     "ChaosReport",
     "ChaosRun",
@@ -58,6 +70,7 @@ __all__ = [
     "WorkerLife",
     "catches_sigterm",
     "enqueue_chaos_jobs",
+    "register_poison_tasks",
     "run_chaos",
     "summary",
     "terminate_backends",
@@ -78,8 +91,71 @@ _LOG_MARKERS = {
     "reclaim sweeps": "lost execution(s) of dead workers",
     # A live worker whose heartbeat fell behind its lease: should stay at zero.
     "lost while held": "reclaimed by another worker while held here",
+    # Poison runs: the worker a handler's SystemExit stopped, and completions the database
+    # refused (zero: the worker refuses unstorable outcomes before writing them).
+    "handler stop": "a handler raised SystemExit",
+    "isolated acks": "writing them one by one",
     "fenced": "result discarded",
 }
+
+
+#: The poison tasks, registered only where a poison run needs them (see
+#: :func:`register_poison_tasks`): worker processes load ``tests.support.chaos:poisoned_queue``.
+POISON_TASK = "chaos_poison"
+POISON_EXIT_TASK = "chaos_poison_exit"
+#: The exit code the poison's ``SystemExit`` asks for.
+POISON_EXIT_CODE = 3
+#: The poison mix: kind -> (task, words one of its job's errors must hold, as "type: message").
+POISONS: dict[str, tuple[str, str]] = {
+    "retry_far": (POISON_TASK, "the latest due time a job may have"),
+    "reschedule_far": (POISON_TASK, "the latest due time a job may have"),
+    "nul_result": (POISON_TASK, "contains a NUL character"),
+    "deep_result": (POISON_TASK, "nested too deep"),
+    "async_exit": (POISON_EXIT_TASK, "builtins.SystemExit"),
+}
+#: Where a row written straight into the executions table is due: no enqueue accepts it.
+FAR_FUTURE_SQL = "timestamptz '20000-01-01 00:00:00+00'"
+
+
+def _poison(kind: str) -> Any:
+    """Return or raise the poison ``kind`` (one of :data:`POISONS`)."""
+    if kind == "retry_far":
+        raise Retry("in about 31,700 years", after=1e12)
+    if kind == "reschedule_far":
+        return Reschedule(in_=1e12)
+    if kind == "nul_result":
+        return {"text": "a NUL \x00 in a result"}
+    if kind == "deep_result":
+        value: Any = "bottom"
+        for _ in range(5_000):
+            value = [value]
+        return value
+    return None  # "never_due": it never runs
+
+
+async def _poison_exit(kind: str) -> None:
+    """An ``async def`` handler that asks its process to exit."""
+    await asyncio.sleep(0)
+    raise SystemExit(POISON_EXIT_CODE)
+
+
+def register_poison_tasks() -> Queue:
+    """Register the poison tasks on the test app's queue (once) and return the queue."""
+    try:
+        queue.get_task(POISON_TASK)
+    except UnknownTaskError:
+        # Two attempts, the second at once: a refused retry or reschedule counts as a
+        # failed attempt, and max_attempts ends the job.
+        queue.task(name=POISON_TASK, max_attempts=2, retry=RetryPolicy(0, 0, jitter=0))(_poison)
+        queue.task(name=POISON_EXIT_TASK, max_attempts=1)(_poison_exit)
+    return queue
+
+
+def __getattr__(name: str) -> Any:
+    """``poisoned_queue``: the test app's queue with the poison tasks, for worker processes."""
+    if name == "poisoned_queue":
+        return register_poison_tasks()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -98,6 +174,8 @@ class ChaosConfig:
     #: Seconds the workers get to exit after SIGTERM.
     stop_timeout: float = 30.0
     seed: int | None = None
+    #: Add the poison mix (:data:`POISONS`) and a far-future row to the run.
+    poison: bool = False
 
 
 @dataclass
@@ -142,6 +220,10 @@ class ChaosRun:
     stopped_at: float = 0.0
     #: Seconds from SIGTERM until the slowest worker exited.
     stop_seconds: float = 0.0
+    #: Poison runs: job id -> its poison kind.
+    poison_jobs: dict[int, str] = field(default_factory=dict)
+    #: Poison runs: the execution written with a due time in the year 20,000.
+    far_future: list[int] = field(default_factory=list)
 
     @property
     def kills(self) -> list[WorkerLife]:
@@ -162,11 +244,19 @@ class ChaosRun:
 class WorkerFleet:
     """A fixed number of CLI worker processes, with a log of every process's life."""
 
-    def __init__(self, db_url: str, size: int, args: Iterable[str], log_dir: Path) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        size: int,
+        args: Iterable[str],
+        log_dir: Path,
+        target: str = "tests.support.app:queue",
+    ) -> None:
         self.db_url = db_url
         self.size = size
         self.args = list(args)
         self.log_dir = log_dir
+        self.target = target
         self.lives: list[WorkerLife] = []
         self._procs: dict[int, tuple[subprocess.Popen[bytes], WorkerLife]] = {}
 
@@ -174,7 +264,7 @@ class WorkerFleet:
         """Start a worker in ``slot`` (which must be free)."""
         log_path = self.log_dir / f"life{len(self.lives):03d}-slot{slot}.log"
         started_at = time.time()
-        proc = start_worker(self.db_url, *self.args, log_path=log_path)
+        proc = start_worker(self.db_url, *self.args, log_path=log_path, target=self.target)
         life = WorkerLife(slot=slot, pid=proc.pid, started_at=started_at, log_path=log_path)
         self.lives.append(life)
         self._procs[slot] = (proc, life)
@@ -295,6 +385,37 @@ def enqueue_chaos_jobs(engine: Engine, config: ChaosConfig) -> dict[int, int]:
     return {job_id: n for n, job_id in enumerate(ids)}
 
 
+def enqueue_poison(
+    engine: Engine, config: ChaosConfig
+) -> tuple[dict[int, int], dict[int, str], int]:
+    """Enqueue the normal jobs with the poison mix spread among them, and one more poison
+    job whose execution is then moved to the year 20,000 by hand.
+
+    Returns (job id -> ``n`` of each normal job, job id -> kind of each poison job, the id
+    of the far-future one).
+    """
+    register_poison_tasks()
+    kinds = list(POISONS)
+    step = max(1, config.jobs // (len(kinds) + 1))
+    specs: list[Any] = []
+    for n in range(config.jobs):
+        if kinds and n and n % step == 0:
+            kind = kinds.pop(0)
+            specs.append((kind, queue.get_task(POISONS[kind][0]).call(kind=kind)))
+        specs.append((n, chaos.call(n=n, pause=config.pause)))
+    specs.extend((kind, queue.get_task(POISONS[kind][0]).call(kind=kind)) for kind in kinds)
+    specs.append(("never_due", queue.get_task(POISON_TASK).call(kind="never_due")))
+    ex = queue.tables.executions
+    with Session(engine) as session, session.begin():
+        ids = queue.enqueue_many(session, (spec for _, spec in specs))
+        far = ids[-1]
+        session.execute(ex.update().where(ex.c.id == far).values(execute_at=text(FAR_FUTURE_SQL)))
+    tags = dict(zip(ids, (tag for tag, _ in specs), strict=True))
+    numbers = {i: tag for i, tag in tags.items() if isinstance(tag, int)}
+    poisons = {i: tag for i, tag in tags.items() if isinstance(tag, str) and i != far}
+    return numbers, poisons, far
+
+
 def run_chaos(
     db_url: str,
     config: ChaosConfig,
@@ -311,22 +432,33 @@ def run_chaos(
     say = on_progress or (lambda _message: None)
     engine = create_engine(db_url, poolclass=NullPool)
     try:
-        run = ChaosRun(config=config, job_numbers=enqueue_chaos_jobs(engine, config))
+        if config.poison:
+            numbers, poisons, far = enqueue_poison(engine, config)
+            run = ChaosRun(config=config, job_numbers=numbers, poison_jobs=poisons)
+            run.far_future.append(far)
+            tasks = f"chaos,{POISON_TASK},{POISON_EXIT_TASK}"
+            target = "tests.support.chaos:poisoned_queue"
+        else:
+            run = ChaosRun(config=config, job_numbers=enqueue_chaos_jobs(engine, config))
+            tasks, target = "chaos", "tests.support.app:queue"
         fleet = WorkerFleet(
             db_url,
             config.workers,
             [
                 "--tasks",
-                "chaos",
+                tasks,
                 "--concurrency",
                 str(config.concurrency),
                 "--poll-interval",
                 str(config.poll_interval),
             ],
             log_dir,
+            target=target,
         )
         run.lives = fleet.lives
-        remaining_sql = select(func.count()).select_from(queue.tables.executions)
+        ex = queue.tables.executions
+        # The far-future row stays pending by design: it is not part of the drain.
+        remaining_sql = select(func.count()).select_from(ex).where(ex.c.id.not_in(run.far_future))
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as admin:
             run.started_at = time.time()
             fleet.start_all()
@@ -355,7 +487,7 @@ def _drive(
     say: Callable[[str], None],
 ) -> None:
     config = run.config
-    total = config.jobs
+    total = config.jobs + len(run.poison_jobs)
     marks = [(i + 1) / (config.terminations + 1) for i in range(config.terminations)]
     deadline = time.monotonic() + config.timeout
     next_kill = time.monotonic() + config.kill_every
@@ -404,6 +536,10 @@ class ChaosReport:
     recorded_errors: Counter[str] = field(default_factory=Counter)
     log_counts: Counter[str] = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
+    #: Poison runs: poison jobs that ended failed with their reason.
+    poison_failed: int = 0
+    #: Poison runs: workers the poison's SystemExit stopped (gracefully, exit code 3).
+    poison_stops: int = 0
 
     @property
     def extra(self) -> int:
@@ -459,8 +595,19 @@ def verify_chaos(db_url: str, run: ChaosRun) -> ChaosReport:
                         attempt, pid, float(started), None if finished is None else float(finished)
                     )
                 )
-            left = conn.execute(select(func.count()).select_from(queue.tables.executions))
+            ex = queue.tables.executions
+            left = conn.execute(
+                select(func.count()).select_from(ex).where(ex.c.id.not_in(run.far_future))
+            )
             leftover = int(left.scalar_one())
+            poison_rows = conn.execute(
+                select(jobs_t.c.id, jobs_t.c.status, jobs_t.c.errors).where(
+                    jobs_t.c.id.in_(list(run.poison_jobs))
+                )
+            ).all()
+            far_rows = conn.execute(
+                select(ex.c.id, ex.c.state, ex.c.attempt).where(ex.c.id.in_(run.far_future))
+            ).all()
     finally:
         engine.dispose()
 
@@ -468,7 +615,11 @@ def verify_chaos(db_url: str, run: ChaosRun) -> ChaosReport:
         report.problem(f"{leftover} executions still in the queue")
     if set(jobs) != set(run.job_numbers):
         report.problem(f"{len(set(run.job_numbers) - set(jobs))} jobs missing from the jobs table")
+    _check_poison(report, run, poison_rows, far_rows)
     for life in run.unexpected_exits:
+        if run.poison_jobs and _stopped_by_poison(life):
+            report.poison_stops += 1
+            continue
         report.problem(f"worker pid {life.pid} exited on its own (code {life.returncode})")
     survivors = [life for life in run.lives if not life.killed and not life.unexpected]
     for life in survivors:
@@ -497,6 +648,38 @@ def verify_chaos(db_url: str, run: ChaosRun) -> ChaosReport:
         for name, marker in _LOG_MARKERS.items():
             report.log_counts[name] += text_.count(marker)
     return report
+
+
+def _stopped_by_poison(life: WorkerLife) -> bool:
+    """Whether ``life`` ended as the poison's SystemExit asks: its code, after saying why."""
+    if life.returncode != POISON_EXIT_CODE or not life.log_path.exists():
+        return False
+    return "a handler raised SystemExit" in life.log_path.read_text(errors="replace")
+
+
+def _check_poison(
+    report: ChaosReport, run: ChaosRun, rows: Iterable[Any], far_rows: Iterable[Any]
+) -> None:
+    """Every poison job failed with its reason; the far-future row is pending, untouched."""
+    found = {row.id: row for row in rows}
+    for job_id, kind in sorted(run.poison_jobs.items()):
+        row = found.get(job_id)
+        words = POISONS[kind][1]
+        messages = (
+            [f"{e.get('type')}: {e.get('message')}" for e in (row.errors or [])] if row else []
+        )
+        if row is None or row.status != "failed" or not any(words in m for m in messages):
+            status = None if row is None else row.status
+            report.problem(f"poison {kind} (job {job_id}): status {status}, errors {messages}")
+        else:
+            report.poison_failed += 1
+    far = {row.id: row for row in far_rows}
+    for job_id in run.far_future:
+        row = far.get(job_id)
+        if row is None or (row.state, row.attempt) != ("pending", 0):
+            report.problem(f"far-future job {job_id} was touched: {row}")
+    if run.poison_jobs and not any(_stopped_by_poison(life) for life in run.unexpected_exits):
+        report.problem("no worker stopped on the poison's SystemExit")
 
 
 def _check_job(
@@ -566,6 +749,15 @@ def summary(run: ChaosRun, report: ChaosReport) -> str:
         f"executions: {report.executions} ({report.extra} extra: {report.extra_by_kill} by a "
         f"killed worker, {report.extra_by_error} retried after a recorded connection error)",
         f"recorded errors: {dict(report.recorded_errors) or 'none'}",
+        *(
+            [
+                f"poison: {report.poison_failed}/{len(run.poison_jobs)} failed with their "
+                f"reason, {report.poison_stops} worker(s) stopped by the poison's SystemExit, "
+                f"{len(run.far_future)} far-future row(s) left pending"
+            ]
+            if run.poison_jobs
+            else []
+        ),
         f"worker log lines: {dict(report.log_counts)}",
         f"problems: {len(report.problems)}",
         *(f"  {p}" for p in report.problems[:20]),

@@ -7,6 +7,8 @@ columns the completion reads. Compiled with the PostgreSQL dialect, no database.
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 from collections.abc import Callable
 from typing import Any, get_type_hints
 
@@ -77,3 +79,19 @@ def test_outcome_kind_groups_cover_every_kind_once() -> None:
     assert final | requeue == set(OutcomeKind)
     assert not final & requeue
     assert set(OutcomeKind.recorded()) == final | {OutcomeKind.RETRY}
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        Outcome(7, 1, OutcomeKind.SUCCEEDED),
+        Outcome(7, 1, OutcomeKind.SUCCEEDED, result={"n": [1, "x"]}),
+        Outcome(7, 2, OutcomeKind.RETRY, error={"message": "boom"}, delay=1.5),
+        Outcome(7, 2, OutcomeKind.RESCHEDULE, execute_at=dt.datetime(2030, 1, 1, tzinfo=dt.UTC)),
+        Outcome(7, 3, OutcomeKind.RELEASE),
+    ],
+    ids=["bare", "result", "retry", "reschedule", "release"],
+)
+def test_an_encoded_outcome_is_its_row(outcome: Outcome) -> None:
+    assert json.loads(outcome.encoded) == outcome.as_row()
+    assert outcome.encoded is outcome.encoded  # encoded once, then kept

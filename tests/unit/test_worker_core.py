@@ -5,7 +5,9 @@ No database, no threads, no ``Queue`` and no real clock: the core sees only what
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import math
 import random
 from types import SimpleNamespace
 from typing import Any
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy import MetaData
 
-from sqla_queue import RetryPolicy
+from sqla_queue import Reschedule, Retry, RetryPolicy
 from sqla_queue.core.outcomes import Outcome, OutcomeKind
 from sqla_queue.models import build_tables
 from sqla_queue.worker.actions import Claim, Flush, Maintain, Stop, Wait
@@ -303,3 +305,246 @@ def test_a_handler_runs_with_arguments_decoded_at_claim_time(queue: WorkerPlan) 
     outcomes, params = core.take_outcomes()
     assert [(o.job_id, o.kind, o.result) for o in outcomes] == [(1, OutcomeKind.SUCCEEDED, 41)]
     assert params["outcomes"] == "[" + outcomes[0].encoded + "]"
+
+
+# -- issue 12: poison outcomes, errors retrying cannot fix, stops asked for by handlers -----
+
+
+class FakeDatabaseError(Exception):
+    """A driver error as the core sees it: only its SQLSTATE (read by attribute)."""
+
+    def __init__(self, sqlstate: str, message: str = "boom") -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+def _finished(core: WorkerCore, ids: list[int]) -> list[RunningJob]:
+    core.next_action(0.0)
+    running = core.accept_claim([row(i) for i in ids], 10, 0.0, lambda j: None)
+    for job in running:
+        core.record(job, returned(core, job, job.job.id))
+    return running
+
+
+def test_a_refused_completion_is_written_one_by_one_and_its_culprit_fails_alone(
+    queue: WorkerPlan,
+) -> None:
+    core = core_for(queue)
+    _finished(core, [1, 2, 3])
+    action = core.next_action(0.0)
+    assert isinstance(action, Flush)
+    outcomes, _ = core.take_outcomes()
+    assert len(outcomes) == 3
+    core.flush_failed(outcomes)
+    # A data error (22P05: a NUL in jsonb): no backoff, no claim, one outcome at a time.
+    assert core.database_error(action, FakeDatabaseError("22P05"), 0.0) == 0.0
+    assert core.next_action(0.0) == Flush()
+    (first,), _ = core.take_outcomes()
+    assert first.job_id == 1
+    core.flush_failed([first])
+    core.database_error(Flush(), FakeDatabaseError("22P05", "unsupported escape"), 0.0)
+    # Job 1 is the culprit: it fails alone, with the database's reason.
+    (stand_in,), params = core.take_outcomes()
+    assert (stand_in.job_id, stand_in.kind) == (1, OutcomeKind.FAILED)
+    assert stand_in.error is not None
+    assert "unsupported escape (SQLSTATE 22P05)" in stand_in.error["message"]
+    assert '"result"' in params["outcomes"]
+    core.completed([stand_in], [1])
+    for expected in (2, 3):
+        assert core.next_action(0.0) == Flush()
+        (outcome,), _ = core.take_outcomes()
+        assert outcome.kind is OutcomeKind.SUCCEEDED and outcome.job_id == expected
+        core.completed([outcome], [expected])
+    # Isolation over: back to claiming at the next poll.
+    assert core.next_action(1.0) == Claim(10)
+    assert core.fatal is None
+
+
+def test_a_stand_in_the_database_refuses_too_stops_the_worker(queue: WorkerPlan) -> None:
+    core = core_for(queue)
+    _finished(core, [1])
+    for _ in range(2):
+        outcomes, _ = core.take_outcomes()
+        core.flush_failed(outcomes)
+        core.database_error(Flush(), FakeDatabaseError("23514"), 0.0)
+    assert core.fatal is not None and core.stopping
+    assert "refused even a plain failure of job 1" in str(core.fatal)
+    # The stop writes what it can once more; a further error ends it at once.
+    assert core.next_action(0.0) == Flush()
+    outcomes, _ = core.take_outcomes()
+    core.flush_failed(outcomes)
+    core.database_error(Flush(), FakeDatabaseError("23514"), 0.0)
+    assert core.next_action(0.0) == Stop()
+    assert core.stopped_by is core.fatal
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "words"),
+    [
+        ("42501", "lacks a privilege"),
+        ("42P01", "alembic upgrade head"),
+        ("22008", "retrying cannot fix"),
+    ],
+)
+def test_an_error_retrying_cannot_fix_stops_the_worker_with_the_fix(
+    queue: WorkerPlan, sqlstate: str, words: str
+) -> None:
+    core = core_for(queue, burst=True)
+    action = core.next_action(0.0)
+    assert action == Maintain()
+    error = FakeDatabaseError(sqlstate, f"permission denied for table {queue.tables.limits.name}")
+    assert core.database_error(action, error, 0.0) == 0.0
+    assert core.fatal is not None
+    assert words in str(core.fatal)
+    assert f"SQLSTATE {sqlstate}" in str(core.fatal)
+    assert core.next_action(0.0) == Stop()  # nothing held: stop at once, no retry loop
+
+
+def test_a_transient_error_still_backs_off(queue: WorkerPlan) -> None:
+    core = core_for(queue)
+    action = core.next_action(0.0)
+    assert core.database_error(action, FakeDatabaseError("57P01"), 0.0) == pytest.approx(0.1)
+    assert core.fatal is None and not core.stopping
+
+
+def test_a_heartbeat_without_privilege_stops_the_worker(queue: WorkerPlan) -> None:
+    core = core_for(queue)
+    core.heartbeat_failed(FakeDatabaseError("08006"), 0.0)
+    assert not core.stopping
+    core.heartbeat_failed(FakeDatabaseError("42501"), 0.0)
+    assert core.stopping and "heartbeat" in str(core.fatal)
+
+
+def test_a_stop_whose_flush_keeps_failing_ends_after_the_timeout(queue: WorkerPlan) -> None:
+    core = core_for(queue, shutdown_timeout=1.0)
+    _finished(core, [1])
+    core.request_stop(0.0)
+    now = 0.0
+    for now in (0.5, 2.0, 3.0, 4.0):
+        action = core.next_action(now)
+        if action == Stop():
+            break
+        assert action == Flush()
+        outcomes, _ = core.take_outcomes()
+        core.flush_failed(outcomes)
+        core.database_error(action, FakeDatabaseError("08006"), now)
+    assert core.next_action(now) == Stop()
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt()])
+def test_a_handler_that_asks_the_process_to_stop_is_recorded_then_stops_it(
+    queue: WorkerPlan, exc: BaseException
+) -> None:
+    def handler() -> None:
+        raise exc
+
+    plan = WorkerPlan(
+        tables=queue.tables,
+        notify=True,
+        default_lease=20.0,
+        tasks={"a": dataclasses.replace(queue.tasks["a"], handler=handler)},
+    )
+    core = core_for(plan)
+    core.next_action(0.0)
+    (job,) = core.accept_claim([row(1)], 10, 0.0, lambda j: None)
+    stops: list[BaseException] = []
+    runner = HandlerRunner(
+        worker_id=core.worker_id, clock=core.clock, record=core.record, stop=stops.append
+    )
+    runner.run_sync(job)  # never raises
+    assert stops == [exc]
+    core.handler_raised(exc, 0.0)
+    (outcome,), _ = core.take_outcomes()
+    assert outcome.kind is OutcomeKind.RETRY  # a failed attempt: max_attempts is 2
+    assert outcome.error is not None and outcome.error["type"].endswith(type(exc).__name__)
+    assert core.stopping and core.stopped_by is exc
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ({"t": "a\x00b"}, "contains a NUL character"),
+        ("lone \ud800", "contains a lone surrogate"),
+        (Reschedule(in_=1e12), "latest due time"),
+    ],
+)
+def test_a_result_that_cannot_be_stored_is_a_failed_attempt(
+    queue: WorkerPlan, value: Any, reason: str
+) -> None:
+    core = core_for(queue)
+    core.next_action(0.0)
+    first, last = core.accept_claim([row(1), row(2, attempt=2)], 10, 0.0, lambda j: None)
+    retried, failed = returned(core, first, value), returned(core, last, value)
+    # The retry policy and max_attempts (2) apply, as to any failure.
+    assert (retried.kind, retried.delay) == (OutcomeKind.RETRY, 5)
+    assert failed.kind is OutcomeKind.FAILED
+    assert failed.error is not None and reason in failed.error["message"]
+    assert failed.error["type"] == "sqla_queue.core.outcomes.InvalidOutcomeError"
+    failed.encoded  # noqa: B018 - encodes, and PostgreSQL can store it
+
+
+def test_a_non_json_result_is_kept_as_its_sanitized_repr(queue: WorkerPlan) -> None:
+    class Odd:
+        def __repr__(self) -> str:
+            return "<odd \x00>"
+
+    core = core_for(queue)
+    core.next_action(0.0)
+    (job,) = core.accept_claim([row(1)], 10, 0.0, lambda j: None)
+    outcome = returned(core, job, Odd())
+    assert (outcome.kind, outcome.result) == (OutcomeKind.SUCCEEDED, {"repr": "<odd \ufffd>"})
+
+
+def test_a_retry_far_in_the_future_is_refused_and_traced_to_the_handler(
+    queue: WorkerPlan,
+) -> None:
+    core = core_for(queue)
+    core.next_action(0.0)
+    (job,) = core.accept_claim([row(1)], 10, 0.0, lambda j: None)
+    try:
+        raise Retry("later", after=1e12)
+    except Retry as exc:
+        outcome = raised(core, job, exc)
+    assert (outcome.kind, outcome.delay) == (OutcomeKind.RETRY, 5)  # the policy's delay
+    assert outcome.error is not None
+    assert "1e+12 s" in outcome.error["message"]
+    assert "raise Retry" in outcome.error["traceback"]
+
+
+def test_a_row_that_cannot_be_prepared_fails_instead_of_lingering(queue: WorkerPlan) -> None:
+    core = core_for(queue)
+    core.next_action(0.0)
+
+    def broken_context(job: Any) -> Any:
+        raise RuntimeError("no context")
+
+    assert core.accept_claim([row(1)], 10, 0.0, broken_context) == []
+    (outcome,), _ = core.take_outcomes()
+    assert outcome.kind is OutcomeKind.FAILED
+    assert outcome.error is not None and outcome.error["message"] == "no context"
+
+
+def test_intervals_derived_from_a_tiny_lease_do_not_spin(queue: WorkerPlan) -> None:
+    tiny = dataclasses.replace(queue.tasks["a"], lease=0.001)
+    plan = WorkerPlan(tables=queue.tables, notify=True, default_lease=20.0, tasks={"a": tiny})
+    core = core_for(plan)
+    assert core.heartbeat_interval >= 0.01
+    assert core.reclaim_interval >= 0.01
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"lease": math.nan}, "lost_interval"),
+        ({"lease": 0}, "lost_interval"),
+        ({"max_reclaims": -1}, "max_reclaims"),
+        ({"max_attempts": True}, "max_attempts"),
+        ({"declared_limit": 0}, "concurrency_limit"),
+        ({"retry": None}, "retry"),
+    ],
+)
+def test_task_runtimes_are_validated(queue: WorkerPlan, change: dict[str, Any], named: str) -> None:
+    with pytest.raises((TypeError, ValueError)) as info:
+        dataclasses.replace(queue.tasks["a"], **change)
+    assert named in str(info.value)
+    assert "task 'a'" in str(info.value)
