@@ -531,7 +531,8 @@ def _write_project(case: Case, root: Path, url: str) -> None:
                 "target_metadata = TARGET_METADATA",
             )
         )
-        alembic_url = make_url(url).set(drivername="postgresql+asyncpg")
+        # psycopg 3 runs on asyncio too: the async template needs no other driver.
+        alembic_url = make_url(url).set(drivername="postgresql+psycopg")
         alembic_url_text = alembic_url.render_as_string(hide_password=False)
     else:
         (migrations / "versions").mkdir(parents=True)
