@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from sqla_queue.core.backoff import RetryPolicy
-from sqla_queue.core.times import check_seconds
+from sqla_queue.core.times import MAX_LOST_INTERVAL, check_seconds
 from sqla_queue.enqueue import Enqueuer
 from sqla_queue.spec import (
     INT4_MIN,
@@ -33,10 +33,6 @@ __all__ = [
     "TaskOptions",
     "check_settings",
 ]
-
-#: The longest lost interval, in seconds: a year. The reclaimer subtracts it from the
-#: database clock, which a much larger value would take out of PostgreSQL's range.
-MAX_LOST_INTERVAL = 365 * 86_400.0
 
 
 def _check_retry(value: object) -> RetryPolicy:

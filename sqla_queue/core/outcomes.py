@@ -38,6 +38,7 @@ __all__ = [
     "outcome_refused",
     "outcome_unwritable",
     "outcomes_json",
+    "plain_error_entry",
     "sanitize_text",
 ]
 
@@ -310,11 +311,28 @@ def error_entry(
             f" [sqla_queue: {replaced} character(s) PostgreSQL cannot store (NUL, "
             "surrogates) were replaced with U+FFFD in this error]"
         )
+    return plain_error_entry(job.attempt, type_name, message, worker_id, now, trace=tb)
+
+
+def plain_error_entry(
+    attempt: int,
+    type_name: str,
+    message: str,
+    worker_id: uuid.UUID,
+    now: dt.datetime,
+    *,
+    trace: str | None = None,
+) -> dict[str, Any]:
+    """An error-history record from its parts: the one shape every failure is written in.
+
+    For failures the worker names itself (a lost job, an outcome the database refused),
+    which have no exception to format. ``message`` must be text PostgreSQL can store.
+    """
     return {
-        "attempt": job.attempt,
+        "attempt": attempt,
         "type": type_name,
         "message": message,
-        "traceback": tb,
+        "traceback": trace,
         "worker": str(worker_id),
         "at": now.isoformat(),
     }
@@ -366,14 +384,13 @@ def outcome_unwritable(
     is marked ``extra["stand_in"]`` so that a refusal of the stand-in itself is fatal.
     """
     message, _ = sanitize_text(reason)
-    error = {
-        "attempt": outcome.attempt,
-        "type": "sqla_queue.OutcomeNotWritten",
-        "message": f"the database refused this attempt's {outcome.kind.value} outcome: {message}",
-        "traceback": None,
-        "worker": str(worker_id),
-        "at": now.isoformat(),
-    }
+    error = plain_error_entry(
+        outcome.attempt,
+        "sqla_queue.OutcomeNotWritten",
+        f"the database refused this attempt's {outcome.kind.value} outcome: {message}",
+        worker_id,
+        now,
+    )
     return Outcome(
         outcome.job_id, outcome.attempt, OutcomeKind.FAILED, error=error, extra={"stand_in": True}
     )
@@ -440,13 +457,12 @@ def outcome_lost_too_often(
     if job.reclaims <= max_reclaims:
         return None
     reason = f"lost {job.reclaims} times (max_reclaims={max_reclaims})"
-    error = {
-        "attempt": job.attempt,
-        "type": "sqla_queue.JobLost",
-        "message": f"{reason}: its worker stopped heartbeating while running it, "
+    error = plain_error_entry(
+        job.attempt,
+        "sqla_queue.JobLost",
+        f"{reason}: its worker stopped heartbeating while running it, "
         "for example because the handler crashed the process",
-        "traceback": None,
-        "worker": str(worker_id),
-        "at": now.isoformat(),
-    }
+        worker_id,
+        now,
+    )
     return Outcome(job.id, job.attempt, OutcomeKind.FAILED, error=error)

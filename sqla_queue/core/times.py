@@ -23,6 +23,7 @@ __all__ = [
     "EARLIEST_DUE",
     "LATEST_DUE",
     "MAX_DELAY",
+    "MAX_LOST_INTERVAL",
     "check_delay",
     "check_due",
     "check_due_time",
@@ -33,6 +34,10 @@ __all__ = [
 LATEST_DUE = dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
 #: Due times must be this or later: a year after Python's ``datetime.min``, in UTC.
 EARLIEST_DUE = dt.datetime(2, 1, 1, tzinfo=dt.UTC)
+#: The longest lost interval (a task's lease), in seconds: a year. The reclaimer subtracts
+#: it from the database clock, which a much larger value would take out of PostgreSQL's
+#: range.
+MAX_LOST_INTERVAL = 365 * 86_400.0
 #: The longest delay: 1,000 years. Counted from now, it keeps a due time before
 #: :data:`LATEST_DUE` for the next six thousand years.
 MAX_DELAY = dt.timedelta(days=365_250)

@@ -30,6 +30,7 @@ from sqla_queue.core.outcomes import (
     outcome_for_error,
     outcome_for_return,
     outcome_refused,
+    plain_error_entry,
     sanitize_text,
 )
 from sqla_queue.worker.context import JobContext
@@ -255,14 +256,13 @@ def _plain_failure(
         outcome = outcome_refused(job, reason, worker_id=worker_id, now=now)
         check_outcome(outcome, now)
     except Exception:
-        error = {
-            "attempt": job.attempt,
-            "type": "sqla_queue.core.outcomes.InvalidOutcomeError",
-            "message": "the outcome of this attempt could not be built or stored",
-            "traceback": None,
-            "worker": str(worker_id),
-            "at": now.isoformat(),
-        }
+        error = plain_error_entry(
+            job.attempt,
+            "sqla_queue.core.outcomes.InvalidOutcomeError",
+            "the outcome of this attempt could not be built or stored",
+            worker_id,
+            now,
+        )
         outcome = Outcome(job.id, job.attempt, OutcomeKind.FAILED, error=error)
     return outcome
 

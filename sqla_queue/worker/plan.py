@@ -8,39 +8,26 @@ attempts, lease, reclaims, declared limit). The core's unit tests build plans by
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sqla_queue.core.backoff import RetryPolicy
+from sqla_queue.core.times import MAX_LOST_INTERVAL, check_seconds
 from sqla_queue.models.tables import QueueTables
+from sqla_queue.spec import check_whole_number
 
-__all__ = ["MAX_LEASE", "TaskRuntime", "WorkerPlan"]
-
-#: Longest lost interval (lease) a worker accepts, in seconds: a year (as for task options).
-MAX_LEASE = 365 * 86_400.0
+__all__ = ["TaskRuntime", "WorkerPlan"]
 
 
 def _whole(where: str, name: str, value: object, *, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{where}: {name} must be a whole number, got {value!r}")
-    if value < low:
-        raise ValueError(f"{where}: {name} must be at least {low}, got {value!r}")
+    check_whole_number(f"{where}: {name}", value, low)
 
 
 def _lease(what: str, value: object) -> None:
-    """A lost interval: a finite number of seconds, above zero, at most :data:`MAX_LEASE`.
-
-    A NaN or a zero would make the heartbeat and the reclaimer spin.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{what} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or not 0 < value <= MAX_LEASE:
-        raise ValueError(
-            f"{what} must be a finite number of seconds above 0 and at most "
-            f"{MAX_LEASE:g}, got {value!r}"
-        )
+    """A lost interval, as for task options. A NaN or a zero would make the heartbeat and
+    the reclaimer spin."""
+    check_seconds(what, value, maximum=MAX_LOST_INTERVAL, positive=True)
 
 
 @dataclass(frozen=True)
