@@ -66,10 +66,8 @@ def check_whole_number(option: str, value: object, low: int, high: int = INT4_MA
     if number < low and high == INT4_MAX:
         raise ValueError(f"{option} must be at least {low}, got {number}")
     if not low <= number <= high:
-        raise ValueError(
-            f"{option} must be from {low} to {high} (it is stored as a PostgreSQL integer), "
-            f"got {number}"
-        )
+        why = " (it is stored as a PostgreSQL integer)" if high == INT4_MAX else ""
+        raise ValueError(f"{option} must be from {low} to {high}{why}, got {number}")
     return number
 
 

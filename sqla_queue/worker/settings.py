@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from sqla_queue.core.times import check_seconds
+from sqla_queue.spec import check_whole_number
 
 __all__ = ["MAX_CONCURRENCY", "MAX_SECONDS", "MIN_INTERVAL", "WorkerSettings"]
 
@@ -19,21 +21,13 @@ MAX_ACK_DELAY = 60.0
 
 
 def _whole(name: str, value: object, *, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be between {low} and {high}, got {value!r}")
+    check_whole_number(name, value, low, high)
 
 
 def _seconds(name: str, value: object, *, low: float, high: float = MAX_SECONDS) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(
-            f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})"
-        )
-    if not math.isfinite(value) or not low <= value <= high:
-        raise ValueError(
-            f"{name} must be a finite number of seconds from {low:g} to {high:g}, got {value!r}"
-        )
+    seconds = check_seconds(name, value, maximum=high)
+    if seconds < low:
+        raise ValueError(f"{name} must be at least {low:g} seconds, got {value!r}")
 
 
 @dataclass(frozen=True)
