@@ -33,6 +33,7 @@ from sqla_queue.errors import InsufficientPrivilegeError
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.schema.manifest import ADMIN_LIMIT_PRIVILEGES, RequiredPrivilege
 from sqla_queue.schema.verify import GRANTS_GUIDE, grant_statements
+from sqla_queue.spec import INT4_MAX
 from sqla_queue.statements.admin import (
     FailedJobsParams,
     PruneParams,
@@ -68,7 +69,7 @@ SyncBind = Session | Connection
 AsyncBind = AsyncSession | AsyncConnection
 
 #: The largest value of PostgreSQL's ``integer`` (the stored concurrency limit).
-INTEGER_MAX = 2**31 - 1
+INTEGER_MAX = INT4_MAX
 #: The largest value of PostgreSQL's ``bigint`` (job ids).
 BIGINT_MAX = 2**63 - 1
 # Ages beyond this prune what they would prune at any larger age (nothing finished before
