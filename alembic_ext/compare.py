@@ -51,6 +51,9 @@ __all__ = [
 ]
 
 _EXECUTIONS_SUFFIX = "job_executions"
+# The roles that build_tables tags a queue's tables with; a queue is found by its tags only
+# when all of them are there.
+_ROLES = frozenset({"jobs", "executions", "limits", "unique_keys"})
 # Set on the UpgradeOps once handled, so that the hook registered twice (a reloaded module, a
 # hand-written plugin calling it too) still produces one queue operation.
 _DONE = "alembic_ext.queues_compared"
@@ -73,6 +76,7 @@ class QueueTarget:
     jobs: Table
     executions: Table
     limits: Table
+    unique_keys: Table
     schema: str | None
     prefix: str
     version: int
@@ -84,13 +88,14 @@ class QueueTarget:
             jobs=self.jobs,
             executions=self.executions,
             limits=self.limits,
+            unique_keys=self.unique_keys,
             schema=self.schema,
             prefix=self.prefix,
         )
 
 
-def _queue_tables(target: QueueTarget) -> tuple[Table, Table, Table]:
-    return (target.jobs, target.executions, target.limits)
+def _queue_tables(target: QueueTarget) -> tuple[Table, ...]:
+    return (target.jobs, target.executions, target.limits, target.unique_keys)
 
 
 def _metadatas(metadata: MetaData | Sequence[MetaData] | None) -> list[MetaData]:
@@ -107,6 +112,7 @@ def _target(tables: QueueTables) -> QueueTarget:
         jobs=tables.jobs,
         executions=tables.executions,
         limits=tables.limits,
+        unique_keys=tables.unique_keys,
         schema=tables.schema,
         prefix=tables.prefix,
         version=int(info.get("schema_version", versions.LATEST_VERSION)),
@@ -132,13 +138,14 @@ def find_queues(metadata: MetaData | Sequence[MetaData] | None) -> list[QueueTar
                 key = (info.get("schema"), str(info.get("prefix")))
                 tagged.setdefault(key, {})[str(info["role"])] = table
         for (schema, prefix), roles in tagged.items():
-            if (schema, prefix) in found or not {"jobs", "executions", "limits"} <= roles.keys():
+            if (schema, prefix) in found or not roles.keys() >= _ROLES:
                 continue
             found[(schema, prefix)] = _target(
                 QueueTables(
                     jobs=roles["jobs"],
                     executions=roles["executions"],
                     limits=roles["limits"],
+                    unique_keys=roles["unique_keys"],
                     schema=schema,
                     prefix=prefix,
                 )
@@ -366,7 +373,8 @@ def compare_queues(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) -> 
         in_database = replace(target.tables, schema=translated_schema(target.schema, translate_map))
         report = inspect_schema(connection, in_database)
         absent = {m.table for m in report.missing if m.kind == "table"}
-        existing = [t.name for t in (target.jobs, target.limits) if t.name not in absent]
+        others = (target.jobs, target.limits, target.unique_keys)
+        existing = [t.name for t in others if t.name not in absent]
         op = plan_queue_op(target, report.version, existing_tables=existing)
         if op is not None:
             log.info("Detected sqla_queue change: %r", op)

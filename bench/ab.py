@@ -14,10 +14,12 @@ run the same benchmark code. A measurement is:
   clock) of ``--jobs`` no-op jobs by 2 worker processes at batch 10, sync and async;
 * the time (and client CPU) one ``task.enqueue`` adds to an ORM business transaction,
   beside the same transaction without a job on the same client stack
-  (``bench.enqueue.same_client_cost``).
+  (``bench.enqueue.same_client_cost``): medians, and the 50th and 99th percentiles of
+  the whole transaction with its enqueue (and the 99th without one).
 
-Worker CPU per job is the steadier figure on a shared machine: rates swing with the load
-of other tenants, the CPU a worker spends on a job much less.
+Worker CPU per job (and the server backends' CPU per job) is the steadier figure on a
+shared machine: rates swing with the load of other tenants, the CPU spent on a job much
+less.
 
 It prints each round's figures, then the medians and the after/before ratios.
 """
@@ -42,8 +44,13 @@ FIGURES = {
     "drain async (jobs/s)": True,
     "sync worker CPU (us/job)": False,
     "async worker CPU (us/job)": False,
+    "sync server CPU (us/job)": False,
+    "async server CPU (us/job)": False,
     "enqueue added (ms)": False,
     "enqueue client CPU (ms)": False,
+    "enqueue txn p50 (ms)": False,
+    "enqueue txn p99 (ms)": False,
+    "host txn p99 (ms)": False,
 }
 
 
@@ -64,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def measure(args: argparse.Namespace) -> dict[str, float]:
     """One measurement with whatever ``sqla_queue`` this process imports."""
-    from bench.common import BenchDatabase, resolve_server_url
+    from bench.common import BenchDatabase, percentile, resolve_server_url
     from bench.drain import DrainConfig, run_drain
     from bench.enqueue import same_client_cost
 
@@ -79,7 +86,8 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     )
     with BenchDatabase(resolve_server_url(args.url)) as db:
         drain = run_drain(db, config, log=lambda line: print(line, file=sys.stderr))
-        cost = same_client_cost(db, args.transactions)
+        walls: dict[str, list[float]] = {}
+        cost = same_client_cost(db, args.transactions, walls)
     summary = drain["summary"]
     sync, aio = summary["cold/plain/sqla-sync/W2/b10"], summary["cold/plain/sqla-async/W2/b10"]
     return {
@@ -87,8 +95,15 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
         "drain async (jobs/s)": aio["median"],
         "sync worker CPU (us/job)": sync["cpu_us_per_job"],
         "async worker CPU (us/job)": aio["cpu_us_per_job"],
+        # The database backends' CPU per job: the statements' own cost, beside the client's.
+        "sync server CPU (us/job)": sync["server_us_per_job"],
+        "async server CPU (us/job)": aio["server_us_per_job"],
         "enqueue added (ms)": 1000 * (cost["sqla"][0] - cost["host"][0]),
         "enqueue client CPU (ms)": 1000 * (cost["sqla"][1] - cost["host"][1]),
+        # The whole business transaction with its enqueue, and the same one without.
+        "enqueue txn p50 (ms)": 1000 * percentile(walls["sqla"], 50),
+        "enqueue txn p99 (ms)": 1000 * percentile(walls["sqla"], 99),
+        "host txn p99 (ms)": 1000 * percentile(walls["host"], 99),
     }
 
 

@@ -128,7 +128,14 @@ class BenchDatabase:
         """
         assert self.engine is not None
         tables = queue.tables
-        names = [t.name for t in (tables.limits, tables.executions, tables.jobs)]
+        # unique_keys is new in schema 4: bench.ab also runs this against older revisions.
+        queue_tables = (
+            getattr(tables, "unique_keys", None),
+            tables.limits,
+            tables.executions,
+            tables.jobs,
+        )
+        names = [t.name for t in queue_tables if t is not None]
         with self.connect() as conn:
             conn.execute(f"DROP TABLE IF EXISTS {', '.join(names)}, bench_min_queue CASCADE")
         with self.engine.begin() as conn:

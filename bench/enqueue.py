@@ -173,13 +173,17 @@ SAME_STACK_KINDS = {
 }
 
 
-def same_client_cost(db: BenchDatabase, transactions: int) -> dict[str, tuple[float, float]]:
+def same_client_cost(
+    db: BenchDatabase, transactions: int, walls_out: dict[str, list[float]] | None = None
+) -> dict[str, tuple[float, float]]:
     """Median wall and client CPU (seconds) per business transaction of each kind.
 
     One process, one pooled connection, the kinds alternating transaction by transaction,
     so the machine's noise falls on all of them alike. Every transaction is an ORM session
     that adds one order; "sqla" also enqueues one job, "bare" sends the bench's bare
     enqueue statement (the same one the bare producers send) through the same session.
+    ``walls_out``, if given, receives every counted transaction's wall time per kind (for
+    percentiles).
     """
     from psycopg.types.json import Jsonb
 
@@ -215,6 +219,8 @@ def same_client_cost(db: BenchDatabase, transactions: int) -> dict[str, tuple[fl
                     cpus[kind].append(time.thread_time() - c0)
     finally:
         engine.dispose()
+    if walls_out is not None:
+        walls_out.update(walls)
     return {k: (statistics.median(walls[k]), statistics.median(cpus[k])) for k in bodies}
 
 

@@ -10,9 +10,15 @@
 from sqla_queue.core.backoff import RetryPolicy
 from sqla_queue.core.outcomes import Reschedule, Retry
 from sqla_queue.errors import (
+    CancelBlockedError,
+    DuplicateJobError,
     InsufficientPrivilegeError,
     InvalidIdentifierError,
+    JobCancelledError,
+    JobFailedError,
+    JobNotFoundError,
     PayloadNotSerializableError,
+    ResultTimeoutError,
     SchemaMismatchError,
     SqlaQueueError,
     TaskAlreadyRegisteredError,
@@ -22,6 +28,7 @@ from sqla_queue.errors import (
 from sqla_queue.models import SCHEMA_VERSION, Job, JobExecution, JobStatus
 from sqla_queue.queue import Queue
 from sqla_queue.spec import EnqueueOptions, JobSpec
+from sqla_queue.statements.lifecycle import CancelOutcome
 from sqla_queue.task import Task
 from sqla_queue.worker import AsyncWorker, JobContext, RunStats, Worker, WorkerSettings
 
@@ -41,17 +48,24 @@ __version__ = _version()
 __all__ = [
     "SCHEMA_VERSION",
     "AsyncWorker",
+    "CancelBlockedError",
+    "CancelOutcome",
+    "DuplicateJobError",
     "EnqueueOptions",
     "InsufficientPrivilegeError",
     "InvalidIdentifierError",
     "Job",
+    "JobCancelledError",
     "JobContext",
     "JobExecution",
+    "JobFailedError",
+    "JobNotFoundError",
     "JobSpec",
     "JobStatus",
     "PayloadNotSerializableError",
     "Queue",
     "Reschedule",
+    "ResultTimeoutError",
     "Retry",
     "RetryPolicy",
     "RunStats",

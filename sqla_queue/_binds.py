@@ -12,17 +12,24 @@ opened and committed (or rolled back) here, so they are written whole or not at 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Coroutine, Mapping, Sequence
-from typing import Any
+from collections.abc import Coroutine, Generator, Mapping, Sequence
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import Executable
 
-__all__ = ["AnyBind", "in_autocommit", "scalars_each"]
+__all__ = ["AnyBind", "Flow", "in_autocommit", "run_flow", "scalars_each"]
 
 AnyBind = Session | Connection | AsyncSession | AsyncConnection
+
+T = TypeVar("T")
+
+#: A conversation with the database written once for both faces: the generator yields
+#: ``(statement, params)`` and is sent back the statement's rows, until it returns its
+#: value. :func:`run_flow` drives it on a sync or an async bind.
+Flow = Generator[tuple[Executable, Mapping[str, Any]], Sequence[Any], T]
 
 
 def in_autocommit(connection: Connection) -> bool:
@@ -92,3 +99,60 @@ async def _scalars_each_async(
     if own_transaction:
         await connection.exec_driver_sql("COMMIT")
     return values
+
+
+def run_flow(bind: AnyBind, flow: Flow[T]) -> T | Coroutine[Any, Any, T]:
+    """Run ``flow``'s statements on ``bind``, in its transaction; its value (or a coroutine).
+
+    On an AUTOCOMMIT connection the statements share a transaction of their own, as the
+    chunks of a bulk enqueue do (see the module's docstring): a flow is written whole or
+    not at all.
+    """
+    if isinstance(bind, AsyncSession | AsyncConnection):
+        return _run_flow_async(bind, flow)
+    connection = bind.connection() if isinstance(bind, Session) else bind
+    own = in_autocommit(connection)
+    if own:
+        connection.exec_driver_sql("BEGIN")
+    try:
+        rows: Sequence[Any] | None = None
+        while True:
+            try:
+                statement, params = flow.send(rows) if rows is not None else next(flow)
+            except StopIteration as done:
+                value: T = done.value
+                break
+            rows = connection.execute(statement, dict(params)).all()
+    except BaseException:
+        if own:
+            with contextlib.suppress(Exception):
+                connection.exec_driver_sql("ROLLBACK")
+        raise
+    if own:
+        connection.exec_driver_sql("COMMIT")
+    return value
+
+
+async def _run_flow_async(bind: AsyncSession | AsyncConnection, flow: Flow[T]) -> T:
+    connection = await bind.connection() if isinstance(bind, AsyncSession) else bind
+    sync = connection.sync_connection
+    own = sync is not None and in_autocommit(sync)
+    if own:
+        await connection.exec_driver_sql("BEGIN")
+    try:
+        rows: Sequence[Any] | None = None
+        while True:
+            try:
+                statement, params = flow.send(rows) if rows is not None else next(flow)
+            except StopIteration as done:
+                value: T = done.value
+                break
+            rows = (await connection.execute(statement, dict(params))).all()
+    except BaseException:
+        if own:
+            with contextlib.suppress(Exception):
+                await connection.exec_driver_sql("ROLLBACK")
+        raise
+    if own:
+        await connection.exec_driver_sql("COMMIT")
+    return value

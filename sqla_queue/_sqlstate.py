@@ -11,6 +11,7 @@ from collections.abc import Collection
 
 __all__ = [
     "INSUFFICIENT_PRIVILEGE",
+    "LOCK_NOT_AVAILABLE",
     "UNIQUE_VIOLATION",
     "constraint_of",
     "is_unique_violation_of",
@@ -20,6 +21,8 @@ __all__ = [
 UNIQUE_VIOLATION = "23505"
 #: ``permission denied`` for a table, schema or other object.
 INSUFFICIENT_PRIVILEGE = "42501"
+#: ``lock_timeout`` ran out (or ``NOWAIT`` found the row locked).
+LOCK_NOT_AVAILABLE = "55P03"
 
 
 def _chain(exc: BaseException) -> list[object]:

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from sqla_queue._binds import AnyBind, scalars_each
+from sqla_queue._binds import AnyBind, run_flow, scalars_each
 from sqla_queue._identifiers import validate_task_name
 from sqla_queue.core.payload import (
     check_storable,
@@ -38,6 +38,7 @@ from sqla_queue.errors import PayloadNotSerializableError, UnknownTaskError
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.spec import EnqueueOptions, JobSpec
 from sqla_queue.statements.enqueue import EnqueueParams, EnqueueRow, enqueue_statement
+from sqla_queue.unique import UniqueStatements, unique_enqueue_flow
 
 __all__ = [
     "CHUNK_SIZE",
@@ -147,7 +148,7 @@ def _fields(
     defaults: TaskDefaults,
     seq: int,
 ) -> EnqueueRow:
-    return {
+    row: EnqueueRow = {
         "task": task,
         "payload": make_payload(args, kwargs),
         "priority": defaults.priority if opts.priority is None else opts.priority,
@@ -157,6 +158,14 @@ def _fields(
         "delay": opts.delay,
         "seq": seq,
     }
+    # Only set when used: a plain job's JSON row is exactly what it was before them.
+    if opts.unique_key is not None:
+        row["unique_key"] = opts.unique_key
+    elif opts.unique_scope is not None or opts.on_duplicate is not None:
+        opts.check_combination()
+    if opts.about is not None:
+        row["about_table"], row["about_key"] = opts.about
+    return row
 
 
 def prepare_rows(
@@ -303,6 +312,10 @@ class Enqueuer:
         where the driver allows (see :class:`DriverStatement`). Returns the job id, or a
         coroutine of it for async sessions.
         """
+        if options.unique_key is not None or options.on_duplicate is not None:
+            return _first(
+                self.enqueue_unique(session, [JobSpec(task, tuple(args), dict(kwargs), options)])
+            )
         rows = encode_one(task, args, kwargs, options, self.defaults(task))
         keyed = options.queue_id is not None
         if isinstance(session, AsyncSession | AsyncConnection):
@@ -326,10 +339,46 @@ class Enqueuer:
         Returns ids in input order (or a coroutine of them for async sessions).
         """
         specs = specs if isinstance(specs, Sequence) else list(specs)
+        if any(spec.options.unique_key is not None for spec in specs):
+            return self.enqueue_unique(session, specs)
         chunks = prepare_rows(specs, self.defaults)
         keyed = any(spec.options.queue_id is not None for spec in specs)
         params: list[EnqueueParams] = [{"rows": chunk} for chunk in chunks]
         return scalars_each(session, self.statements[keyed], params)
+
+    @cached_property
+    def unique_statements(self) -> UniqueStatements:
+        """The statements of a unique enqueue (built on first use)."""
+        return UniqueStatements.build(self.tables)
+
+    def enqueue_unique(
+        self, session: AnyBind, specs: Sequence[JobSpec]
+    ) -> list[int] | Coroutine[Any, Any, list[int]]:
+        """Enqueue ``specs``, some of which take a unique key (see :mod:`sqla_queue.unique`).
+
+        Every spec is validated before the first statement. Returns one id per spec, in
+        order: the new job's, or the id of the job holding the spec's key.
+        """
+        keyed = any(spec.options.queue_id is not None for spec in specs)
+        # Validate (names, arguments, option combinations) before any key is locked.
+        prepare_rows(specs, self.defaults)
+        flow = unique_enqueue_flow(
+            specs,
+            statements=self.unique_statements,
+            enqueue=self.statements[keyed],
+            prepare=lambda chosen: prepare_rows(chosen, self.defaults),
+        )
+        return run_flow(session, flow)
+
+
+def _first(ids: list[int] | Coroutine[Any, Any, list[int]]) -> int | Coroutine[Any, Any, int]:
+    if isinstance(ids, list):
+        return ids[0]
+
+    async def first() -> int:
+        return (await ids)[0]
+
+    return first()
 
 
 class DriverStatement:

@@ -6,9 +6,15 @@ Every error a user can trigger names what was wrong and, where there is one, the
 from __future__ import annotations
 
 __all__ = [
+    "CancelBlockedError",
+    "DuplicateJobError",
     "InsufficientPrivilegeError",
     "InvalidIdentifierError",
+    "JobCancelledError",
+    "JobFailedError",
+    "JobNotFoundError",
     "PayloadNotSerializableError",
+    "ResultTimeoutError",
     "SchemaMismatchError",
     "SqlaQueueError",
     "TaskAlreadyRegisteredError",
@@ -63,4 +69,72 @@ class WorkerStoppedError(SqlaQueueError, RuntimeError):
     every worker thread stopped). The message names what is wrong and how to fix it: a
     privilege the worker's role lacks, a table that is missing, or an outcome the database
     refused even as a plain failure.
+    """
+
+
+class DuplicateJobError(SqlaQueueError, ValueError):
+    """An enqueue with ``on_duplicate="raise"`` found its unique key held by another job.
+
+    ``job_id`` is the job that holds the key (``None`` when the duplicate was within the
+    same ``enqueue_many`` batch, before anything was written); ``task`` and ``key`` name
+    the key. Nothing of the call was written.
+    """
+
+    def __init__(self, message: str, *, task: str, key: str, job_id: int | None) -> None:
+        super().__init__(message)
+        self.task = task
+        self.key = key
+        self.job_id = job_id
+
+
+class JobNotFoundError(SqlaQueueError, LookupError):
+    """No job has this id (it never existed, or it was pruned)."""
+
+    def __init__(self, message: str, *, job_id: int) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class JobFailedError(SqlaQueueError, RuntimeError):
+    """The awaited job failed for good; ``error`` is its last error entry.
+
+    ``error`` holds ``type``, ``message`` and ``traceback`` of the last attempt's exception
+    (as the worker recorded them), ``errors`` the whole history.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        job_id: int,
+        error: dict[str, object] | None,
+        errors: list[dict[str, object]],
+    ) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.error = error
+        self.errors = errors
+
+
+class JobCancelledError(SqlaQueueError, RuntimeError):
+    """The awaited job was cancelled: it will not produce a result."""
+
+    def __init__(self, message: str, *, job_id: int) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class ResultTimeoutError(SqlaQueueError, TimeoutError):
+    """The awaited job did not finish within the timeout; it is still queued or running."""
+
+    def __init__(self, message: str, *, job_id: int) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class CancelBlockedError(SqlaQueueError, TimeoutError):
+    """A cancel waited too long for a lock on the jobs' rows; nothing was cancelled.
+
+    Workers hold those locks for milliseconds. The usual holder is the caller's own open
+    transaction (it claimed, completed or updated the jobs): commit it, then cancel.
     """

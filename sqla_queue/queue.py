@@ -7,7 +7,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, Unpack, overload
 
-from sqlalchemy import MetaData
+from sqlalchemy import MetaData, Select
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
@@ -209,6 +209,12 @@ class Queue:
         retry = settings.get("retry")
         lost_interval = settings.get("lost_interval")
         max_reclaims = settings.get("max_reclaims")
+        transactional = bool(settings.get("transactional"))
+        if transactional and not pass_context:
+            raise ValueError(
+                "transactional=True runs the handler in ctx.session's transaction: register "
+                "it with pass_context=True and write through ctx.session"
+            )
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
             # An empty name is refused above, never replaced by the function's.
@@ -230,6 +236,7 @@ class Queue:
                 max_reclaims=self.max_reclaims if max_reclaims is None else max_reclaims,
                 pass_context=pass_context,
                 concurrency_limit=concurrency_limit,
+                transactional=transactional,
             )
             handle: Task[Any, Any] = Task(self._enqueuer, func, task_options)
             self._tasks[task_name] = handle
@@ -312,9 +319,11 @@ class Queue:
 
         For producers that do not import the handler (see :meth:`declare_task`). The
         per-call options (those of :class:`~sqla_queue.spec.EnqueueKwargs`: ``run_at``,
-        ``delay``, ``priority``, ``queue_id``, ``max_attempts``) are keyword-only and
-        separate from the task's own arguments. Returns the job id (or a coroutine of it
-        for async sessions).
+        ``delay``, ``priority``, ``queue_id``, ``max_attempts``, ``unique_key``,
+        ``unique_scope``, ``on_duplicate`` and ``about``) are keyword-only and separate
+        from the task's own arguments. Returns the job id (or a coroutine of it for async
+        sessions); with a ``unique_key`` that another job holds, that job's id (or
+        :class:`~sqla_queue.DuplicateJobError` with ``on_duplicate="raise"``).
         """
         check_keywords("Queue.enqueue", options, OPTION_NAMES)
         if kwargs is not None and not isinstance(kwargs, Mapping):
@@ -379,7 +388,7 @@ class Queue:
         database's schema version, the library's, and the command that fixes it. The same
         query reads the connected role's privileges: without one that workers and producers
         need (``USAGE`` on the schema, ``SELECT``, ``INSERT``, ``UPDATE``, ``DELETE`` on the
-        jobs and executions tables, ``SELECT`` on the limits table), it raises
+        jobs, executions and unique keys tables, ``SELECT`` on the limits table), it raises
         :class:`~sqla_queue.InsufficientPrivilegeError` naming each one and the ``GRANT``
         that fixes it.
         """
@@ -436,6 +445,80 @@ class Queue:
         return admin.prune(
             session, self.tables, older_than=older_than, include_failed=include_failed
         )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def cancel(self, source: Any, job_ids: Iterable[int]) -> Any:
+        """Cancel jobs: a queued one never starts, a running one is asked to stop.
+
+        Returns, per id, a :class:`~sqla_queue.CancelOutcome` value: ``"cancelled"`` (it
+        was queued; it is now ``cancelled``), ``"requested"`` (it is running; its worker
+        learns it within a heartbeat interval, and the job ends ``cancelled`` when its
+        handler returns or raises after that; a handler that succeeds before it learns of
+        the request ends ``succeeded``), ``"finished"`` (it had already ended; nothing
+        changed) or ``"not_found"``.
+
+        ``source`` is what a connection can be opened from, as for :meth:`result`: an
+        ``Engine``, ``Session``, ``Connection`` or ``sessionmaker`` (a dict is returned), or
+        an async twin (a coroutine of it). The cancel commits at once, in a short
+        transaction of its own, not in the caller's: it locks the executions it changes,
+        and a worker must never wait on an application's open transaction. A job enqueued
+        in a transaction that has not committed yet is ``"not_found"``. It waits for a
+        transaction that holds those jobs' rows (a claim, a completion), at most 10 seconds:
+        called from one of your own that has locked or updated them, it would wait for
+        itself, and raises :class:`~sqla_queue.CancelBlockedError` instead, having changed
+        nothing. A cancelled job can be run again with :meth:`requeue`.
+        """
+        from sqla_queue.lifecycle import cancel
+
+        return cancel(source, self.tables, job_ids)
+
+    def result(
+        self, source: Any, job_id: int, *, timeout: float | dt.timedelta | None = 30.0
+    ) -> Any:
+        """Wait for job ``job_id`` to finish and return its handler's return value.
+
+        ``source`` is what a connection can be opened from: an ``Engine``, a ``Session``
+        or ``Connection`` (their engine is used, not their transaction, which would never
+        see the job finish), a ``sessionmaker``, or the async twin of any of these, for
+        which this returns a coroutine. The wait LISTENs for the job's completion (and
+        polls every few seconds besides); it never spins.
+
+        Raises :class:`~sqla_queue.JobFailedError` (with the job's last error) if the job
+        failed, :class:`~sqla_queue.JobCancelledError` if it was cancelled,
+        :class:`~sqla_queue.JobNotFoundError` for an unknown id, and
+        :class:`~sqla_queue.ResultTimeoutError` (a ``TimeoutError``) if it is still
+        queued or running after ``timeout`` seconds (``None``: no limit).
+        """
+        from sqla_queue.lifecycle import check_timeout, wait_for
+
+        (checked,) = admin.check_job_ids([job_id])
+        return wait_for(source, self.tables, checked, check_timeout(timeout))
+
+    def jobs_about(self, about: object) -> Select[Any]:
+        """``select(queue.Job)`` of the jobs linked to ``about`` (``task.options(about=)``).
+
+        ``about`` is a mapped instance, a ``(mapped class, primary key)`` pair, or a
+        mapped class alone (every job about any of its rows). Add filters and order as
+        with any select: ``session.scalars(queue.jobs_about(order).where(...))``.
+        """
+        from sqlalchemy import select
+
+        from sqla_queue.links import about_condition
+
+        return select(self.Job).where(about_condition(self.Job, about))
+
+    def about_relationship(self, mapped: type, **kwargs: Any) -> Any:
+        """A read-only ``relationship()`` from the app's class ``mapped`` to its jobs.
+
+        ``Order.jobs = queue.about_relationship(Order, order_by=queue.Job.id)`` after the
+        class is declared; then ``order.jobs`` lists the jobs enqueued with
+        ``about=order``. Needs a single-column primary key. See
+        :func:`sqla_queue.links.about_relationship`.
+        """
+        from sqla_queue.links import about_relationship
+
+        return about_relationship(self.Job, mapped, **kwargs)
 
     def set_limit(self, session: Session | Connection, task: str, limit: int | None) -> None:
         """Store the concurrency limit of ``task``, for every worker, without a restart.
@@ -498,6 +581,7 @@ class Queue:
                 lease=opts.lost_interval,
                 max_reclaims=opts.max_reclaims,
                 declared_limit=opts.concurrency_limit,
+                transactional=opts.transactional,
             )
         return WorkerPlan(
             tables=self.tables,

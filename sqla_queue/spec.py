@@ -26,17 +26,23 @@ from typing import Any, TypedDict, Unpack
 from sqla_queue.core.payload import text_problem
 from sqla_queue.core.times import check_delay, check_due_time
 from sqla_queue.errors import PayloadNotSerializableError
+from sqla_queue.links import AboutRef, about_reference
 
 __all__ = [
     "INT4_MAX",
     "INT4_MIN",
     "MAX_QUEUE_ID",
+    "ON_DUPLICATE",
     "OPTION_NAMES",
+    "UNIQUE_SCOPES",
     "EnqueueKwargs",
     "EnqueueOptions",
     "JobSpec",
+    "check_key_text",
     "check_keywords",
+    "check_on_duplicate",
     "check_queue_id",
+    "check_unique_scope",
     "check_whole_number",
     "make_enqueue_options",
 ]
@@ -71,20 +77,51 @@ def check_whole_number(option: str, value: object, low: int, high: int = INT4_MA
     return number
 
 
-def check_queue_id(value: object) -> str:
-    """``value`` if it can be a ``queue_id``: a non-empty string PostgreSQL can index."""
+def check_key_text(option: str, value: object) -> str:
+    """``value`` if it can be a key (``queue_id``, ``unique_key``): a non-empty string that
+    PostgreSQL can index (at most :data:`MAX_QUEUE_ID` characters, no NUL)."""
     if not isinstance(value, str):
-        raise TypeError(f"queue_id must be a non-empty string, got {_described(value)}")
+        raise TypeError(f"{option} must be a non-empty string, got {_described(value)}")
     if not value:
-        raise ValueError("queue_id must be a non-empty string, got ''")
+        raise ValueError(f"{option} must be a non-empty string, got ''")
     if len(value) > MAX_QUEUE_ID:
         raise ValueError(
-            f"queue_id must be at most {MAX_QUEUE_ID} characters (it is indexed), got {len(value)}"
+            f"{option} must be at most {MAX_QUEUE_ID} characters (it is indexed), got {len(value)}"
         )
     problem = text_problem(value)
     if problem is not None:
-        raise PayloadNotSerializableError(f"queue_id {value[:60]!r} {problem}")
+        raise PayloadNotSerializableError(f"{option} {value[:60]!r} {problem}")
     return value
+
+
+def check_queue_id(value: object) -> str:
+    """``value`` if it can be a ``queue_id``: a non-empty string PostgreSQL can index."""
+    return check_key_text("queue_id", value)
+
+
+#: What ``on_duplicate`` may be: return the holder's id, raise, or replace its arguments.
+ON_DUPLICATE = ("ignore", "raise", "replace")
+#: The named scopes of a unique key (a duration means "finished, then held that long").
+UNIQUE_SCOPES = ("queued", "active")
+
+
+def check_unique_scope(value: object) -> str | float:
+    """``"queued"``, ``"active"``, or seconds (from a number or timedelta) held after finishing."""
+    if isinstance(value, str):
+        if value not in UNIQUE_SCOPES:
+            raise ValueError(
+                f"unique_scope must be 'queued', 'active' or a duration held after the job "
+                f"finished (seconds or a timedelta), got {value!r}"
+            )
+        return value
+    return check_delay("unique_scope", value)
+
+
+def check_on_duplicate(value: object) -> str:
+    """``value`` if it is one of :data:`ON_DUPLICATE`."""
+    if value not in ON_DUPLICATE:
+        raise ValueError(f"on_duplicate must be one of {', '.join(ON_DUPLICATE)}; got {value!r}")
+    return str(value)
 
 
 class EnqueueKwargs(TypedDict, total=False):
@@ -106,6 +143,20 @@ class EnqueueKwargs(TypedDict, total=False):
     queue_id: str | None
     #: Attempts for this job; the task's ``max_attempts`` when not given. At least 1.
     max_attempts: int | None
+    #: A key that at most one job of the task holds at a time (see ``unique_scope``). A
+    #: non-empty string of at most :data:`MAX_QUEUE_ID` characters.
+    unique_key: str | None
+    #: How long a job holds its ``unique_key``: ``"queued"`` (until it starts),
+    #: ``"active"`` (until it finishes; the default), or a duration (seconds or a
+    #: timedelta) that it keeps holding the key after it finished.
+    unique_scope: str | float | dt.timedelta | None
+    #: What an enqueue does when the key is held: ``"ignore"`` returns the holder's id (the
+    #: default), ``"raise"`` raises :class:`~sqla_queue.DuplicateJobError`, ``"replace"``
+    #: gives a still-queued holder this call's arguments and due time (and returns its id).
+    on_duplicate: str | None
+    #: The application row this job is about: a persistent mapped instance, or a
+    #: ``(mapped class, primary key)`` pair. See :mod:`sqla_queue.links`.
+    about: object | None
 
 
 #: The keywords :func:`make_enqueue_options` accepts, in their documented order.
@@ -129,6 +180,12 @@ class EnqueueOptions:
     priority: int | None = None
     queue_id: str | None = None
     max_attempts: int | None = None
+    unique_key: str | None = None
+    #: ``"queued"``, ``"active"``, or seconds the key stays held after the job finished.
+    unique_scope: str | float | None = None
+    on_duplicate: str | None = None
+    #: ``(table, key)``: the row this job is about (see :mod:`sqla_queue.links`).
+    about: AboutRef | None = None
 
     def __post_init__(self) -> None:
         if self.run_at is not None and self.delay is not None:
@@ -148,6 +205,26 @@ class EnqueueOptions:
             )
         if self.queue_id is not None:
             check_queue_id(self.queue_id)
+        if self.unique_key is not None:
+            check_key_text("unique_key", self.unique_key)
+        if self.unique_scope is not None:
+            object.__setattr__(self, "unique_scope", check_unique_scope(self.unique_scope))
+        if self.on_duplicate is not None:
+            check_on_duplicate(self.on_duplicate)
+        if self.about is not None:
+            object.__setattr__(self, "about", about_reference(self.about))
+
+    @property
+    def is_unique(self) -> bool:
+        """Whether the job takes a unique key."""
+        return self.unique_key is not None
+
+    def check_combination(self) -> None:
+        """Refuse ``unique_scope`` or ``on_duplicate`` without a ``unique_key`` to apply to."""
+        if self.unique_key is None and (
+            self.unique_scope is not None or self.on_duplicate is not None
+        ):
+            raise ValueError("unique_scope and on_duplicate need a unique_key")
 
     def merged(self, other: EnqueueOptions) -> EnqueueOptions:
         """These options with every field that ``other`` sets taken from ``other``."""

@@ -41,6 +41,12 @@ def _check_retry(value: object) -> RetryPolicy:
     return value
 
 
+def _check_flag(option: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{option} must be True or False, got {value!r}")
+    return value
+
+
 #: How each task setting is checked (and normalized); shared by ``@queue.task``,
 #: ``queue.declare_task`` and ``Queue(...)``, whose defaults follow the same rules.
 SETTING_CHECKS: dict[str, Callable[[object], Any]] = {
@@ -53,6 +59,7 @@ SETTING_CHECKS: dict[str, Callable[[object], Any]] = {
     # 0: a job whose worker dies is failed at once instead of run again.
     "max_reclaims": lambda value: check_whole_number("max_reclaims", value, 0),
     "retry": _check_retry,
+    "transactional": lambda value: _check_flag("transactional", value),
 }
 
 
@@ -97,6 +104,9 @@ class TaskOptions:
     #: At most this many executions of the task run at once, across all workers. The
     #: value stored with ``queue.set_limit`` wins over this default.
     concurrency_limit: int | None = None
+    #: Run the handler in ``ctx.session``'s transaction and commit the job's completion
+    #: in it: the handler's writes and the job's success land together or not at all.
+    transactional: bool = False
 
 
 class TaskKwargs(TypedDict, total=False):
@@ -121,6 +131,9 @@ class TaskKwargs(TypedDict, total=False):
     max_reclaims: int | None
     #: A whole number, at least 1.
     concurrency_limit: int | None
+    #: True to commit the handler's ``ctx.session`` writes and the job's success in one
+    #: transaction (needs ``pass_context=True``). See the exactly-once guide.
+    transactional: bool | None
 
 
 class Task(Generic[P, R]):

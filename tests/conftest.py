@@ -24,6 +24,21 @@ from sqla_queue.testing.databases import DatabaseFactory, resolve_test_admin_url
 from tests.support.app import Base, queue
 from tests.support.grants import GuideRoles, grant_test_roles
 
+#: xdist groups (``--dist loadgroup``, see pyproject.toml): the tests of one group run one
+#: after another in one test process. The acceptance tests run several worker processes
+#: each and measure progress against deadlines; the least-privilege test runs a pytest of
+#: its own. Two of them at once would compete for the cores.
+_GROUPS = {"acceptance": "processes", "test_least_privilege.py": "subsuite"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put each test in its xdist group (a no-op without ``-n``)."""
+    for item in items:
+        parts = item.path.parts
+        for part, group in _GROUPS.items():
+            if part in parts and item.get_closest_marker("xdist_group") is None:
+                item.add_marker(pytest.mark.xdist_group(group))
+
 
 def _setup_template(engine: Engine) -> None:
     with engine.begin() as connection:

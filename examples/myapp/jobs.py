@@ -9,6 +9,10 @@ from sqla_queue import JobContext, Queue, RetryPolicy
 
 queue = Queue(Base, schema="example_jobs")
 
+#: ``order.jobs``: the jobs enqueued with ``about=order``, oldest first. A read-only
+#: relationship to the queue's ``Job``: what the order page shows next to the order.
+Order.jobs = queue.about_relationship(Order, order_by=queue.Job.id)
+
 
 @queue.task(
     name="send_confirmation",
@@ -27,6 +31,17 @@ def send_confirmation(ctx: JobContext[Session], order_id: int) -> str:
     order.confirmed = True
     ctx.session.commit()
     return f"confirmed {order.email}"
+
+
+def confirm(session: Session, order: Order) -> int:
+    """Enqueue the order's confirmation, once: linked to the order, with a unique key.
+
+    A second call for the same order while its confirmation is queued or running (a
+    double-submitted form) returns the same job instead of sending a second email.
+    """
+    return send_confirmation.options(about=order, unique_key=f"order-{order.id}").enqueue(
+        session, order.id
+    )
 
 
 @queue.task(name="rebuild_stats", concurrency_limit=1)

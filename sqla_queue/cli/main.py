@@ -1,9 +1,11 @@
-"""``sqla-queue``: run workers, verify the schema, inspect and requeue failed jobs, demo.
+"""``sqla-queue``: run workers, verify the schema, list, cancel, await and requeue jobs, demo.
 
 Exit statuses: 0 success; 1 the database could not be reached or refused the command (one
 or two lines naming the URL, password hidden, and the cause); 2 a usage error (one line),
 or a database the queue cannot run on as it is (schema or privileges: the problems and
-their fix). No error prints a traceback.
+their fix). ``result`` and ``cancel`` also say how the jobs ended: 3 the job failed, 4 it
+was cancelled, 5 it did not finish in time, 6 no job has that id, 7 the job had already
+finished (nothing to cancel). No error prints a traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import json
 import logging
 import math
 import sys
@@ -24,10 +27,31 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, InvalidRequestError
 from sqla_queue._sqlstate import INSUFFICIENT_PRIVILEGE, sqlstate_of
 from sqla_queue.admin import BIGINT_MAX, INTEGER_MAX
 from sqla_queue.cli.loading import CliError, database_url, load_queue, shown_url
-from sqla_queue.errors import SqlaQueueError
+from sqla_queue.errors import (
+    JobCancelledError,
+    JobFailedError,
+    JobNotFoundError,
+    ResultTimeoutError,
+    SqlaQueueError,
+)
 from sqla_queue.queue import Queue
+from sqla_queue.statements.lifecycle import CancelOutcome
+from sqla_queue.statements.listing import JOB_STATES
 
-__all__ = ["EXIT_DATABASE", "EXIT_OK", "EXIT_USAGE", "build_parser", "main", "parse_duration"]
+__all__ = [
+    "EXIT_CANCELLED",
+    "EXIT_DATABASE",
+    "EXIT_FAILED",
+    "EXIT_FINISHED",
+    "EXIT_INTERRUPTED",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_TIMEOUT",
+    "EXIT_USAGE",
+    "build_parser",
+    "main",
+    "parse_duration",
+]
 
 #: The command did what was asked.
 EXIT_OK = 0
@@ -35,6 +59,19 @@ EXIT_OK = 0
 EXIT_DATABASE = 1
 #: A usage error, or a database the queue cannot run on (schema, privileges).
 EXIT_USAGE = 2
+#: ``result``: the job failed (its error is printed).
+EXIT_FAILED = 3
+#: ``result``: the job was cancelled.
+EXIT_CANCELLED = 4
+#: ``result``: the job was still queued or running when the timeout passed.
+EXIT_TIMEOUT = 5
+#: ``result``: no job has the id; ``cancel``: no job has one of the ids.
+EXIT_NOT_FOUND = 6
+#: ``cancel``: one of the jobs had already finished, so there was nothing to cancel (and
+#: every id exists).
+EXIT_FINISHED = 7
+#: Interrupted (Ctrl-C) while waiting, as shells report SIGINT.
+EXIT_INTERRUPTED = 130
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # SQLSTATE classes of a failed connection: 08 connection exception, 28 invalid
@@ -100,6 +137,50 @@ def _seconds(*, allow_zero: bool) -> Callable[[str], float]:
     return parse
 
 
+def _timeout(text: str) -> float | None:
+    """An argparse type: a duration (``30``, ``90s``, ``5m``, ``0``) or ``none`` (no limit)."""
+    from sqla_queue.lifecycle import check_timeout
+
+    if text.strip().lower() in ("none", "forever"):
+        return None
+    try:
+        return check_timeout(parse_duration(text).total_seconds())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: {exc}") from None
+
+
+def _states(text: str) -> list[str]:
+    """An argparse type: job states, comma-separated (``failed,cancelled``)."""
+    words = [word.strip().lower() for word in text.split(",") if word.strip()]
+    if not words:
+        raise argparse.ArgumentTypeError(f"expected a job state, got {text!r}")
+    for word in words:
+        if word not in JOB_STATES:
+            raise argparse.ArgumentTypeError(
+                f"unknown job state {word!r}; use one of {', '.join(JOB_STATES)}"
+            )
+    return words
+
+
+def _about(text: str) -> tuple[str, str | None]:
+    """An argparse type: ``TABLE`` or ``TABLE:KEY`` (``orders:42``, ``shop.orders:42``)."""
+    table, sep, key = text.partition(":")
+    if not table or (sep and not key):
+        raise argparse.ArgumentTypeError(
+            f"expected TABLE or TABLE:KEY such as orders:42, got {text!r}"
+        )
+    return table, key if sep else None
+
+
+def _non_empty(what: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if not text:
+            raise argparse.ArgumentTypeError(f"{what} must not be empty")
+        return text
+
+    return parse
+
+
 def _log_level(text: str) -> str:
     """An argparse type: a logging level name (DEBUG, INFO, WARNING, ERROR, CRITICAL)."""
     names = [name for name in logging.getLevelNamesMapping() if name not in ("NOTSET", "WARN")]
@@ -125,6 +206,50 @@ class _Parser(argparse.ArgumentParser):
 def _add_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("queue", help="the Queue to use, as MODULE:ATTRIBUTE (myapp.jobs:queue)")
     parser.add_argument("--url", help="database URL (default: $DATABASE_URL)")
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+_COMMON_EXITS = """\
+  1  the database could not be reached or refused the command
+  2  a usage error (nothing was done)"""
+
+_CANCEL_HELP = f"""\
+Cancel jobs: a queued job becomes cancelled and never starts; a running one is asked
+to stop (its handler sees ctx.cancel_requested within a heartbeat interval) and ends
+cancelled when its handler returns, unless it succeeds. Prints each job's outcome:
+cancelled, requested, finished (already over: nothing changed) or not_found.
+
+exit status:
+  0  every job was cancelled or asked to stop
+{_COMMON_EXITS}
+  6  no job has one of the ids (the others were cancelled)
+  7  one of the jobs had already finished (the others were cancelled)"""
+
+_RESULT_HELP = f"""\
+Wait for a job to finish and print its handler's return value as JSON. A failed job's
+error, with the traceback the worker recorded, goes to stderr. The wait LISTENs for the
+job's completion (and reads it every few seconds besides).
+
+exit status:
+  0  the job succeeded: its result is printed
+{_COMMON_EXITS}
+  3  the job failed
+  4  the job was cancelled
+  5  the job was still queued or running when the timeout passed
+  6  no job has this id (never enqueued, or pruned)
+  130 interrupted (Ctrl-C)"""
+
+_JOBS_HELP = """\
+List jobs, newest first (by id), at most --limit of them: id, task, state, attempts,
+created and finished times, unique key and linked row. Filters combine with AND; a
+filter given several times (--task, --status) matches any of its values.
+
+states: queued (every job not finished yet), succeeded, failed, cancelled, and the
+states of a queued job: running, cancelling (running, asked to stop), waiting (behind
+its queue_id), scheduled (due later), pending (due now)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,6 +293,74 @@ def build_parser() -> argparse.ArgumentParser:
     failed.add_argument(
         "--limit", type=_whole_number(1, BIGINT_MAX, "--limit"), default=20, help="at most N"
     )
+    _add_json(failed)
+
+    jobs = sub.add_parser(
+        "jobs",
+        help="list jobs, newest first, by task, state, key or linked row",
+        description=_JOBS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_target(jobs)
+    jobs.add_argument(
+        "--task", action="append", type=_non_empty("--task"), help="only this task (repeatable)"
+    )
+    jobs.add_argument(
+        "--status",
+        action="append",
+        type=_states,
+        metavar="STATE",
+        help="only jobs in this state; repeatable, or comma-separated (failed,cancelled)",
+    )
+    jobs.add_argument(
+        "--key", type=_non_empty("--key"), help="only jobs whose unique_key or queue_id is KEY"
+    )
+    jobs.add_argument(
+        "--about",
+        type=_about,
+        metavar="TABLE[:KEY]",
+        help="only jobs linked to this row (orders:42), or to any row of TABLE",
+    )
+    jobs.add_argument(
+        "--limit",
+        type=_whole_number(1, BIGINT_MAX, "--limit"),
+        default=20,
+        metavar="N",
+        help="at most N jobs (default 20)",
+    )
+    _add_json(jobs)
+
+    cancel = sub.add_parser(
+        "cancel",
+        help="cancel jobs: queued ones never start, running ones are asked to stop",
+        description=_CANCEL_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_target(cancel)
+    cancel.add_argument(
+        "ids", nargs="+", type=_whole_number(1, BIGINT_MAX, "a job id"), help="job ids"
+    )
+    cancel.add_argument("--json", action="store_true", help="print the outcomes as JSON")
+
+    result = sub.add_parser(
+        "result",
+        help="wait for a job to finish and print its result as JSON",
+        description=_RESULT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_target(result)
+    result.add_argument("id", type=_whole_number(1, BIGINT_MAX, "a job id"), help="the job id")
+    result.add_argument(
+        "--timeout",
+        type=_timeout,
+        default=30.0,
+        help="longest wait: 30s (default), 5m, 0 (look once) or none (no limit)",
+    )
+    result.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object, whatever the outcome: {id, outcome, result | error}",
+    )
 
     requeue = sub.add_parser("requeue", help="run failed jobs again")
     _add_target(requeue)
@@ -189,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_target(limits)
     limits.add_argument("words", nargs="*", help="list (default) | set TASK N | unset TASK")
+    _add_json(limits)
 
     demo = sub.add_parser("demo", help="a real end-to-end demo: a shop, its orders, 2 workers")
     demo.add_argument("--url", help="database URL (default: $DATABASE_URL, else embedded)")
@@ -285,6 +479,20 @@ def _failed(args: argparse.Namespace) -> int:
             rows = failed_jobs(connection, queue.tables, limit=args.limit)
     finally:
         engine.dispose()
+    if args.json:
+        _print_json(
+            [
+                {
+                    "id": row.id,
+                    "task": row.task,
+                    "attempts": row.attempts,
+                    "finished_at": _iso(row.finished_at),
+                    "last_error": row.last_error,
+                }
+                for row in rows
+            ]
+        )
+        return EXIT_OK
     table = Table("id", "task", "attempts", "failed at", "last error")
     for row in rows:
         error = row.last_error or {}
@@ -363,7 +571,23 @@ def _limits(args: argparse.Namespace) -> int:
     if action != "list":
         now = current.get(task)
         shown = now.effective if now is not None else None
-        print(f"{task}: limit now {shown if shown is not None else 'none'}")
+        if args.json:
+            _print_json({"task": task, "effective": shown})
+        else:
+            print(f"{task}: limit now {shown if shown is not None else 'none'}")
+        return EXIT_OK
+    if args.json:
+        _print_json(
+            [
+                {
+                    "task": name,
+                    "declared": entry.declared,
+                    "stored": entry.stored,
+                    "effective": entry.effective,
+                }
+                for name, entry in current.items()
+            ]
+        )
         return EXIT_OK
     table = Table("task", "declared in code", "stored", "effective")
     for name, entry in current.items():
@@ -375,6 +599,152 @@ def _limits(args: argparse.Namespace) -> int:
         )
     Console().print(table if current else "no concurrency limits")
     return EXIT_OK
+
+
+def _print_json(value: object) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _shown_time(value: dt.datetime | None) -> str:
+    """A time for a table: this machine's local time, to the second (``--json`` has it all)."""
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sqla_queue.listing import list_jobs
+
+    queue, url = _target(args)
+    about_table, about_key = args.about if args.about else (None, None)
+    states = [state for group in args.status or [] for state in group]
+    engine = _engine(url)
+    try:
+        with engine.connect() as connection:
+            rows = list_jobs(
+                connection,
+                queue.tables,
+                limit=args.limit,
+                tasks=args.task or [],
+                states=states,
+                key=args.key,
+                about_table=about_table,
+                about_key=about_key,
+            )
+    finally:
+        engine.dispose()
+    if args.json:
+        _print_json([row.as_json() for row in rows])
+        return EXIT_OK
+    table = Table("id", "task", "state", "attempts", "created", "finished", "unique key", "about")
+    for column in table.columns[:6]:
+        column.no_wrap = True
+    for row in rows:
+        about = f"{row.about_table}:{row.about_key}" if row.about_table is not None else "-"
+        table.add_row(
+            str(row.id),
+            row.task,
+            row.state,
+            f"{row.attempts}/{row.max_attempts}",
+            _shown_time(row.created_at),
+            _shown_time(row.finished_at),
+            row.unique_key if row.unique_key is not None else "-",
+            about,
+        )
+    Console().print(table if rows else "no jobs")
+    return EXIT_OK
+
+
+#: How ``cancel`` shows each outcome: its word, then what it means.
+_CANCEL_WORDS = {
+    CancelOutcome.CANCELLED: "cancelled",
+    CancelOutcome.REQUESTED: "requested (it is running: asked to stop, it ends cancelled "
+    "unless it succeeds)",
+    CancelOutcome.FINISHED: "finished (already {status}: nothing to cancel)",
+    CancelOutcome.NOT_FOUND: "not_found (no job has this id)",
+}
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from sqla_queue.listing import list_jobs
+
+    queue, url = _target(args)
+    ids = list(dict.fromkeys(args.ids))
+    engine = _engine(url)
+    try:
+        # The cancel commits on a connection of its own; the statuses are read after it.
+        outcomes = queue.cancel(engine, ids)
+        finished = [job_id for job_id in ids if outcomes[job_id] == CancelOutcome.FINISHED]
+        statuses: dict[int, str] = {}
+        if finished:
+            with engine.connect() as connection:
+                statuses = {
+                    row.id: row.status
+                    for row in list_jobs(
+                        connection, queue.tables, ids=finished, limit=len(finished)
+                    )
+                }
+    finally:
+        engine.dispose()
+    if args.json:
+        _print_json(
+            [
+                {"id": job_id, "outcome": outcomes[job_id]}
+                | ({"status": statuses[job_id]} if job_id in statuses else {})
+                for job_id in ids
+            ]
+        )
+    else:
+        for job_id in ids:
+            words = _CANCEL_WORDS[outcomes[job_id]].format(status=statuses.get(job_id, "?"))
+            print(f"job {job_id}: {words}")
+    found = set(outcomes.values())
+    if CancelOutcome.NOT_FOUND in found:
+        return EXIT_NOT_FOUND
+    if CancelOutcome.FINISHED in found:
+        return EXIT_FINISHED
+    return EXIT_OK
+
+
+def _result(args: argparse.Namespace) -> int:
+    queue, url = _target(args)
+    job_id = args.id
+    engine = _engine(url)
+    report: dict[str, Any] = {"id": job_id}
+    try:
+        value = queue.result(engine, job_id, timeout=args.timeout)
+    except JobFailedError as exc:
+        status, report["outcome"], report["error"] = EXIT_FAILED, "failed", exc.error
+        traceback = str((exc.error or {}).get("traceback") or "").rstrip()
+        detail = f"{exc}\n{traceback}" if traceback else str(exc)
+    except JobCancelledError as exc:
+        status, report["outcome"], detail = EXIT_CANCELLED, "cancelled", str(exc)
+    except ResultTimeoutError as exc:
+        status, report["outcome"], detail = EXIT_TIMEOUT, "timeout", str(exc)
+    except JobNotFoundError as exc:
+        status, report["outcome"], detail = EXIT_NOT_FOUND, "not_found", str(exc)
+    except KeyboardInterrupt:
+        print(f"sqla-queue: interrupted while waiting for job {job_id}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    else:
+        if args.json:
+            _print_json({"id": job_id, "outcome": "succeeded", "result": value})
+        else:
+            print(json.dumps(value, ensure_ascii=False))
+        return EXIT_OK
+    finally:
+        engine.dispose()
+    if args.json:
+        report["message"] = str(detail).splitlines()[0]
+        _print_json(report)
+    else:
+        print(f"sqla-queue: {detail}", file=sys.stderr)
+    return status
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -429,6 +799,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "verify": _verify,
         "failed": _failed,
         "requeue": _requeue,
+        "jobs": _jobs,
+        "cancel": _cancel,
+        "result": _result,
         "prune": _prune,
         "limits": _limits,
         "demo": _demo,

@@ -56,11 +56,13 @@ class OutcomeKind(enum.StrEnum):
     RESCHEDULE = "reschedule"
     #: Unfinished at shutdown: back to pending now, the attempt not counted.
     RELEASE = "release"
+    #: The handler returned after its worker told it the job was cancelled.
+    CANCELLED = "cancelled"
 
     @classmethod
     def final(cls) -> tuple[OutcomeKind, ...]:
         """Kinds that end the job: the execution goes, the job keeps its final status."""
-        return (cls.SUCCEEDED, cls.FAILED)
+        return (cls.SUCCEEDED, cls.FAILED, cls.CANCELLED)
 
     @classmethod
     def back_to_pending(cls) -> tuple[OutcomeKind, ...]:
@@ -70,7 +72,7 @@ class OutcomeKind(enum.StrEnum):
     @classmethod
     def recorded(cls) -> tuple[OutcomeKind, ...]:
         """Kinds written to the job's row (status, result, error history, attempts)."""
-        return (cls.SUCCEEDED, cls.FAILED, cls.RETRY)
+        return (cls.SUCCEEDED, cls.FAILED, cls.RETRY, cls.CANCELLED)
 
 
 class OutcomeRow(TypedDict):

@@ -6,9 +6,10 @@ import datetime as dt
 import uuid
 from typing import Any
 
+from sqlalchemy.orm import foreign, relationship
 from sqlalchemy.orm import registry as Registry
 
-from sqla_queue.models.tables import QueueTables
+from sqla_queue.models.tables import ExecutionState, JobStatus, QueueTables
 
 __all__ = ["Job", "JobExecution", "map_classes", "mapped_class_names"]
 
@@ -32,9 +33,49 @@ class Job:
     created_at: dt.datetime
     scheduled_at: dt.datetime
     finished_at: dt.datetime | None
+    #: The unique key it was enqueued with (``task.options(unique_key=...)``).
+    unique_key: str | None
+    #: The application row it is about (``task.options(about=...)``): table and key.
+    about_table: str | None
+    about_key: str | None
+    #: Someone waits (or waited) for its result with ``queue.result``.
+    awaited: bool
+    #: Its live execution while it is queued or running (``None`` once it finished). Load
+    #: it with ``selectinload(queue.Job.execution)`` when listing many jobs.
+    execution: JobExecution | None
 
     def __repr__(self) -> str:
         return f"<Job id={self.id} task={self.task!r} status={self.status!r}>"
+
+    @property
+    def is_finished(self) -> bool:
+        """Whether the job reached a final status (succeeded, failed or cancelled)."""
+        return self.status != JobStatus.QUEUED
+
+    @property
+    def last_error(self) -> dict[str, Any] | None:
+        """The last attempt's error (``type``, ``message``, ``traceback``, ...), if any."""
+        return self.errors[-1] if self.errors else None
+
+    @property
+    def state(self) -> str:
+        """What to show for the job, one word: its final status once it finished, else
+        ``running``, ``cancelling`` (running, asked to stop), ``waiting`` (behind its
+        ``queue_id``), ``scheduled`` (due later) or ``pending`` (due now).
+
+        Reads :attr:`execution` (one query per job unless it was loaded with the job).
+        """
+        if self.status != JobStatus.QUEUED:
+            return self.status
+        execution = self.execution
+        if execution is None:
+            return JobStatus.QUEUED
+        if execution.state == ExecutionState.RUNNING:
+            return "cancelling" if execution.cancel_requested else "running"
+        if execution.state == ExecutionState.PENDING:
+            now = dt.datetime.now(dt.UTC)
+            return "scheduled" if execution.execute_at > now else "pending"
+        return execution.state
 
 
 class JobExecution:
@@ -52,6 +93,8 @@ class JobExecution:
     alive_at: dt.datetime | None
     lease_seconds: float | None
     slot: int | None
+    #: Someone cancelled the job while this execution ran (see ``queue.cancel``).
+    cancel_requested: bool
 
     def __repr__(self) -> str:
         return f"<JobExecution id={self.id} task={self.task!r} state={self.state!r}>"
@@ -79,6 +122,13 @@ def map_classes(reg: Registry, tables: QueueTables) -> tuple[type[Job], type[Job
     job_name, exec_name = mapped_class_names(tables)
     job_cls: type[Job] = type(job_name, (Job,), {"__module__": __name__})
     exec_cls: type[JobExecution] = type(exec_name, (JobExecution,), {"__module__": __name__})
-    reg.map_imperatively(job_cls, tables.jobs)
     reg.map_imperatively(exec_cls, tables.executions)
+    # No foreign key joins the two tables (see tables.py), so the join is spelled out.
+    execution = relationship(
+        exec_cls,
+        primaryjoin=tables.jobs.c.id == foreign(tables.executions.c.id),
+        viewonly=True,
+        uselist=False,
+    )
+    reg.map_imperatively(job_cls, tables.jobs, properties={"execution": execution})
     return job_cls, exec_cls

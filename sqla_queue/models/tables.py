@@ -1,4 +1,4 @@
-"""The queue's two tables, built into the host application's own MetaData.
+"""The queue's tables, built into the host application's own MetaData.
 
 ``jobs`` is the durable record of every request: arguments, outcome, error history. It is
 written at enqueue and again when the job reaches a final state (or fails an attempt).
@@ -6,6 +6,10 @@ written at enqueue and again when the job reaches a final state (or fails an att
 ``job_executions`` is the live, narrow, hot table: one row while a job is pending or running,
 deleted when the job finishes. Claims, heartbeats and reclaims touch only this table, which
 keeps their cost (and vacuum's) independent of how much history ``jobs`` holds.
+
+``task_limits`` holds the concurrency limits stored at run time, and ``unique_keys``
+(schema version 4) the unique job keys, one row per key: only the enqueues of unique jobs
+read or write it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -36,12 +41,14 @@ from sqlalchemy.sql.elements import conv
 
 from sqla_queue._identifiers import validate_prefix, validate_schema
 from sqla_queue.errors import InvalidIdentifierError
+from sqla_queue.models._storage import set_storage_parameters
 
 __all__ = [
     "DEFAULT_PREFIX",
     "SCHEMA_VERSION",
     "JobStatus",
     "QueueTables",
+    "UniqueScope",
     "build_tables",
     "parse_schema_version_comment",
     "resolve_schema",
@@ -53,7 +60,7 @@ DEFAULT_PREFIX = "sqla_queue_"
 
 #: The schema version that these models describe. Each released version is frozen in
 #: ``alembic_ext`` so that an old migration never changes meaning.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # How the executions table's comment records the schema version, written and read here only.
 _VERSION_COMMENT = "sqla_queue schema version {}"
@@ -89,6 +96,19 @@ class ExecutionState:
     ALL = (PENDING, RUNNING, WAITING, DONE)
 
 
+class UniqueScope:
+    """Values of ``unique_keys.scope``: how long a job holds its unique key.
+
+    ``queued``: until it starts running; ``active``: until it finishes; ``finished``:
+    until ``hold_seconds`` after it finished. A cancelled job gives its key up at once.
+    """
+
+    QUEUED = "queued"
+    ACTIVE = "active"
+    FINISHED = "finished"
+    ALL = (QUEUED, ACTIVE, FINISHED)
+
+
 def schema_version_comment(version: int) -> str:
     """The table comment that records the schema version on ``job_executions``."""
     return _VERSION_COMMENT.format(version)
@@ -118,6 +138,7 @@ class QueueTables:
     jobs: Table
     executions: Table
     limits: Table
+    unique_keys: Table
     schema: str | None
     prefix: str
 
@@ -125,6 +146,11 @@ class QueueTables:
     def notify_channel(self) -> str:
         """The LISTEN/NOTIFY channel on which enqueues wake idle workers."""
         return f"{self.schema or 'public'}.{self.prefix}wakeup"
+
+    @property
+    def finished_channel(self) -> str:
+        """The channel on which the completion of an awaited job sends the job's id."""
+        return f"{self.schema or 'public'}.{self.prefix}finished"
 
 
 def translated_schema(schema: str | None, translate_map: Mapping[Any, Any] | None) -> str | None:
@@ -202,6 +228,17 @@ def build_tables(
         Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
         Column("scheduled_at", DateTime(timezone=True), nullable=False),
         Column("finished_at", DateTime(timezone=True), nullable=True),
+        # Version 4. The job's unique key, when it was enqueued with one (the key itself
+        # is held in the unique_keys table; this copy is for listing and filtering).
+        Column("unique_key", Text, nullable=True),
+        # Version 4. The application row this job is about: its table's full name and its
+        # primary key as text (a JSON array for a composite key). No foreign key: the job
+        # keeps its record when the row is deleted.
+        Column("about_table", Text, nullable=True),
+        Column("about_key", Text, nullable=True),
+        # Version 4. Set by a caller waiting for the result: the completion then sends a
+        # NOTIFY for this job (and only for such jobs).
+        Column("awaited", Boolean, nullable=False, server_default=text("false")),
         CheckConstraint(f"status IN ({_in(JobStatus.ALL)})", name=conv(f"{jobs_name}_status_ck")),
         CheckConstraint("max_attempts >= 1", name=conv(f"{jobs_name}_max_attempts_ck")),
         # Named as PostgreSQL would, and protected from the host's naming convention, so
@@ -219,6 +256,20 @@ def build_tables(
         conv(f"{jobs_name}_finished_ix"),
         jobs.c.finished_at,
         postgresql_where=jobs.c.finished_at.is_not(None),
+    )
+    # Version 4: "which jobs does this row have?", and listing by unique key. Both cover
+    # only the jobs that use the option.
+    Index(
+        conv(f"{jobs_name}_about_ix"),
+        jobs.c.about_table,
+        jobs.c.about_key,
+        postgresql_where=jobs.c.about_key.is_not(None),
+    )
+    Index(
+        conv(f"{jobs_name}_unique_key_ix"),
+        jobs.c.task,
+        jobs.c.unique_key,
+        postgresql_where=jobs.c.unique_key.is_not(None),
     )
 
     # An execution's id is its job's id. Version 3 dropped the foreign key that said so:
@@ -245,16 +296,19 @@ def build_tables(
         # It is kept while the execution runs and across a reclaim, and cleared when the
         # job goes back to pending for any other reason.
         Column("slot", Integer, nullable=True),
+        # Version 4. Someone asked to cancel this execution while it ran: the heartbeat
+        # tells its worker, and the completion ends the job cancelled unless it succeeded.
+        Column("cancel_requested", Boolean, nullable=False, server_default=text("false")),
         CheckConstraint(
             f"state IN ({_in(ExecutionState.ALL)})", name=conv(f"{exec_name}_state_ck")
         ),
         PrimaryKeyConstraint("id", name=conv(f"{exec_name}_pkey")),
         schema=schema,
         comment=schema_version_comment(SCHEMA_VERSION),
-        # Claims and heartbeats rewrite rows in place; free space on the page lets
-        # PostgreSQL keep the new version on the same page.
-        postgresql_with={"fillfactor": "70"},
     )
+    # Claims and heartbeats rewrite rows in place; free space on the page lets
+    # PostgreSQL keep the new version on the same page.
+    set_storage_parameters(executions, {"fillfactor": "70"})
     pending = executions.c.state == ExecutionState.PENDING
     running = executions.c.state == ExecutionState.RUNNING
     # Heartbeats and the reclaimer only ever look at running rows, which are few.
@@ -341,8 +395,31 @@ def build_tables(
         schema=schema,
         comment="sqla_queue: concurrency limit per task, shared by every worker",
     )
+    keys_name = f"{prefix}unique_keys"
+    unique_keys = Table(
+        keys_name,
+        metadata,
+        Column("task", Text, nullable=False),
+        Column("key", Text, nullable=False),
+        # The job that holds the key. NULL only inside the enqueue that is taking it, which
+        # holds the row locked until it commits.
+        Column("job_id", BigInteger, nullable=True),
+        Column("scope", Text, nullable=False),
+        # For scope 'finished': how long after the job finished the key stays held.
+        Column("hold_seconds", Double, nullable=True),
+        Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+        PrimaryKeyConstraint("task", "key", name=conv(f"{keys_name}_pkey")),
+        CheckConstraint(f"scope IN ({_in(UniqueScope.ALL)})", name=conv(f"{keys_name}_scope_ck")),
+        schema=schema,
+        comment="sqla_queue: unique job keys, each held by one job while its scope lasts",
+    )
     tables = QueueTables(
-        jobs=jobs, executions=executions, limits=limits, schema=schema, prefix=prefix
+        jobs=jobs,
+        executions=executions,
+        limits=limits,
+        unique_keys=unique_keys,
+        schema=schema,
+        prefix=prefix,
     )
     # Tooling (alembic_ext's comparator, verification) finds the queue's tables here
     # without importing the host's Queue object.
@@ -350,5 +427,6 @@ def build_tables(
     jobs.info["sqla_queue"] = {**info, "role": "jobs"}
     executions.info["sqla_queue"] = {**info, "role": "executions"}
     limits.info["sqla_queue"] = {**info, "role": "limits"}
+    unique_keys.info["sqla_queue"] = {**info, "role": "unique_keys"}
     metadata.info.setdefault("sqla_queue", []).append(tables)
     return tables

@@ -15,12 +15,12 @@ def create_queue_schema(connection: Connection, tables: QueueTables) -> None:
     if tables.schema is not None:
         connection.execute(CreateSchema(tables.schema, if_not_exists=True))
     tables.jobs.metadata.create_all(
-        connection, tables=[tables.jobs, tables.executions, tables.limits]
+        connection, tables=[tables.jobs, tables.executions, tables.limits, tables.unique_keys]
     )
 
 
 def drop_queue_schema(connection: Connection, tables: QueueTables) -> None:
     """Drop the queue's tables; the schema itself is left, it may hold the host's tables."""
     tables.jobs.metadata.drop_all(
-        connection, tables=[tables.limits, tables.executions, tables.jobs]
+        connection, tables=[tables.unique_keys, tables.limits, tables.executions, tables.jobs]
     )

@@ -138,12 +138,14 @@ def constraint_kind(contype: str) -> str:
 
 def required_objects(tables: QueueTables) -> list[RequiredObject]:
     """Every table, column, index and named constraint the queue needs, sorted."""
-    return sorted(
-        _objects_of(tables.jobs) + _objects_of(tables.executions) + _objects_of(tables.limits)
-    )
+    found: list[RequiredObject] = []
+    for table in (tables.jobs, tables.executions, tables.limits, tables.unique_keys):
+        found += _objects_of(table)
+    return sorted(found)
 
 
-#: The table privileges a producer and a worker need on the jobs and executions tables.
+#: The table privileges a producer and a worker need on the jobs, executions and unique
+#: keys tables.
 DATA_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
 #: What changing a stored limit needs on the limits table, beyond ``SELECT`` (set_limit).
 ADMIN_LIMIT_PRIVILEGES = ("INSERT", "UPDATE", "DELETE")
@@ -171,13 +173,15 @@ class RequiredPrivilege:
 def required_privileges(tables: QueueTables, schema: str) -> list[RequiredPrivilege]:
     """What a worker and a producer need, ``schema`` being the queue's resolved schema.
 
-    ``USAGE`` on the schema; ``SELECT``, ``INSERT``, ``UPDATE`` and ``DELETE`` on the jobs
-    and executions tables; ``SELECT`` on the limits table, which every claim reads. Writing
-    the limits table is for the operators who change limits (:data:`ADMIN_LIMIT_PRIVILEGES`),
-    not required here. These are exactly the deployment guide's application-role grants.
+    ``USAGE`` on the schema; ``SELECT``, ``INSERT``, ``UPDATE`` and ``DELETE`` on the jobs,
+    executions and unique keys tables (an enqueue with a unique key takes or updates its
+    row there, and the key is released and pruned later); ``SELECT`` on the limits table,
+    which every claim reads. Writing the limits table is for the operators who change
+    limits (:data:`ADMIN_LIMIT_PRIVILEGES`), not required here. These are exactly the
+    deployment guide's application-role grants.
     """
     needed = [RequiredPrivilege("schema", schema, "USAGE")]
-    for table in (tables.jobs, tables.executions):
+    for table in (tables.jobs, tables.executions, tables.unique_keys):
         needed += [RequiredPrivilege("table", table.name, p) for p in DATA_PRIVILEGES]
     needed.append(RequiredPrivilege("table", tables.limits.name, "SELECT"))
     return needed

@@ -164,7 +164,9 @@ def _found_shape(kind: str, detail: str | None) -> str:
 
 
 def _table_names(tables: QueueTables) -> list[str]:
-    return sorted({tables.jobs.name, tables.executions.name, tables.limits.name})
+    return sorted(
+        {tables.jobs.name, tables.executions.name, tables.limits.name, tables.unique_keys.name}
+    )
 
 
 def inspect_schema(connection: Connection, tables: QueueTables) -> SchemaReport:
@@ -314,7 +316,16 @@ def verify_schema(connection: Connection, tables: QueueTables) -> None:
             f"Fix: run `{FIX_COMMAND}` (or queue.create_all(connection) on a database "
             "without Alembic)."
         )
-    if version is not None and version >= SCHEMA_VERSION:
+    if version is not None and version > SCHEMA_VERSION:
+        # A later release's migration ran (a rolling deploy, an old process restarted): the
+        # objects it dropped or reshaped are not to be put back by hand.
+        fix = (
+            f"Fix: the database records schema version {version}, newer than this library's "
+            f"{SCHEMA_VERSION}: a later release's migration changed what this release needs. "
+            f"Run this process on a release of sqla_queue at schema version {version}; do "
+            "not recreate these objects (docs: Versioning and upgrades)."
+        )
+    elif version == SCHEMA_VERSION:
         fix += (
             f"\nThe database already records version {version}, so if `{FIX_COMMAND}` has "
             "nothing to do, these objects were changed outside the migrations: recreate them "

@@ -10,6 +10,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqla_queue.models.tables import ExecutionState, JobStatus
 
 __all__ = [
+    "CANCELLED",
     "DONE",
     "FAILED",
     "ONE",
@@ -42,6 +43,7 @@ DONE = state_literal(ExecutionState.DONE)
 QUEUED = state_literal(JobStatus.QUEUED)
 SUCCEEDED = state_literal(JobStatus.SUCCEEDED)
 FAILED = state_literal(JobStatus.FAILED)
+CANCELLED = state_literal(JobStatus.CANCELLED)
 
 
 _ONE_SECOND = literal_column("interval '1 second'", Interval)

@@ -12,23 +12,24 @@ from typing import Any, TypedDict
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CompoundSelect,
     Double,
-    Integer,
     Select,
     any_,
     bindparam,
     delete,
+    false,
     func,
-    insert,
+    literal_column,
     null,
     select,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.sql.dml import ReturningDelete
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_queue.models.tables import JobStatus, QueueTables
-from sqla_queue.statements._common import FAILED, PENDING, QUEUED, seconds, state_literal
+from sqla_queue.statements._common import DONE, FAILED, PENDING, QUEUED, seconds, state_literal
 
 __all__ = [
     "FailedJobsParams",
@@ -83,7 +84,7 @@ def requeue_statement(tables: QueueTables) -> Select[int]:
         .cte("revived")
     )
     added = (
-        insert(ex)
+        pg_insert(ex)
         .from_select(
             ["id", "task", "priority", "queue_id", "state", "execute_at"],
             select(
@@ -94,6 +95,21 @@ def requeue_statement(tables: QueueTables) -> Select[int]:
                 PENDING,
                 func.now(),
             ),
+        )
+        # A finished execution may still be parked 'done' (a keyed job, or a cancelled
+        # one, until the workers' next sweep): it becomes the new pending execution.
+        .on_conflict_do_update(
+            index_elements=[ex.c.id],
+            set_={
+                "state": PENDING,
+                "execute_at": func.now(),
+                "attempt": 0,
+                "worker_id": null(),
+                "alive_at": null(),
+                "slot": null(),
+                "cancel_requested": false(),
+            },
+            where=ex.c.state == DONE,
         )
         .returning(ex.c.id)
         .cte("added")
@@ -114,25 +130,38 @@ def failed_jobs_statement(tables: QueueTables) -> Select[*tuple[Any, ...]]:
         )
         .where(jobs.c.status == FAILED)
         .order_by(jobs.c.finished_at.desc())
-        .limit(bindparam("limit", type_=Integer))
+        # bigint: the limit may be as large as check_failed_limit lets it be.
+        .limit(bindparam("limit", type_=BigInteger))
     )
 
 
-def prune_statement(tables: QueueTables) -> ReturningDelete[int]:
+def prune_statement(tables: QueueTables) -> CompoundSelect[tuple[int]]:
     """Delete finished jobs older than ``older_than`` seconds; returns their ids.
 
     Parameters: :class:`PruneParams`. Only succeeded and cancelled jobs go; failed ones stay
-    for inspection unless ``include_failed`` is true.
+    for inspection unless ``include_failed`` is true. The unique keys those jobs still hold
+    go with them (a key whose holder is gone is free anyway; this keeps the table small).
     """
     jobs = tables.jobs
+    keys = tables.unique_keys
     age = seconds(bindparam("older_than", type_=Double))
     kinds = [state_literal(JobStatus.SUCCEEDED), state_literal(JobStatus.CANCELLED)]
-    return (
+    pruned = (
         delete(jobs)
         .where(
             jobs.c.finished_at < func.now() - age,
             (jobs.c.status.in_(kinds))
             | ((jobs.c.status == FAILED) & bindparam("include_failed", type_=Boolean)),
         )
-        .returning(jobs.c.id)
+        .returning(jobs.c.id, jobs.c.unique_key)
+        .cte("pruned")
     )
+    freed = (
+        delete(keys)
+        .where(keys.c.job_id == pruned.c.id, pruned.c.unique_key.is_not(None))
+        .returning(keys.c.job_id)
+        .cte("freed")
+    )
+    # "freed" is not read; PostgreSQL runs it regardless, and the false branch keeps
+    # SQLAlchemy from dropping the unreferenced CTE.
+    return select(pruned.c.id).union_all(select(freed.c.job_id).where(literal_column("false")))

@@ -27,8 +27,10 @@ from sqlalchemy import (
     column,
     delete,
     func,
+    literal,
     literal_column,
     null,
+    or_,
     select,
     union_all,
     update,
@@ -38,6 +40,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqla_queue.core.outcomes import OutcomeKind
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements._common import (
+    CANCELLED,
     DONE,
     FAILED,
     PENDING,
@@ -102,9 +105,19 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
         ex.c.worker_id == worker,
         still_running(ex.c.state),
     )
+    # A cancel request (schema version 4) ends the job whatever else the attempt asked
+    # for, unless it succeeded: its work is done, and saying "cancelled" would hide that.
+    # The branches split by kind only, never by the flag: a cancel that commits while this
+    # statement waits for the row is read from the row's newest version, which PostgreSQL
+    # re-reads for the row a branch already chose (a branch chosen by the flag as the
+    # snapshot saw it would drop the outcome). So an attempt of a cancelled job that asked
+    # to go back to pending is parked 'done' instead (the next sweep deletes it).
     final = outcome.c.kind.in_(_kinds(OutcomeKind.final()))
     finished = (
-        delete(ex).where(fence, final, ex.c.queue_id.is_(None)).returning(ex.c.id).cte("finished")
+        delete(ex)
+        .where(fence, final, ex.c.queue_id.is_(None))
+        .returning(ex.c.id, ex.c.cancel_requested.label("cancel"))
+        .cte("finished")
     )
     # A finished keyed execution is marked 'done', not deleted: an enqueue in flight may
     # hold it (KEY SHARE) as the predecessor of its key's new waiting job, and a DELETE
@@ -115,7 +128,7 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
         update(ex)
         .where(fence, final, has_key(ex.c.queue_id))
         .values(state=DONE, worker_id=null(), alive_at=null(), slot=null())
-        .returning(ex.c.id)
+        .returning(ex.c.id, ex.c.cancel_requested.label("cancel"))
         .cte("parked")
     )
     next_run = func.coalesce(
@@ -124,9 +137,12 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
     )
     requeued = (
         update(ex)
-        .where(fence, outcome.c.kind.in_(_kinds(OutcomeKind.back_to_pending())))
+        .where(
+            fence,
+            outcome.c.kind.in_(_kinds(OutcomeKind.back_to_pending())),
+        )
         .values(
-            state=PENDING,
+            state=case((ex.c.cancel_requested, DONE), else_=PENDING),
             worker_id=null(),
             alive_at=null(),
             # Back to pending for a reason of its own: its next run is a fresh claim that
@@ -138,20 +154,30 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
                 else_=ex.c.attempt - 1,
             ),
         )
-        .returning(ex.c.id)
+        .returning(ex.c.id, ex.c.cancel_requested.label("cancel"))
         .cte("requeued")
     )
-    applied = union_all(select(finished.c.id), select(requeued.c.id), select(parked.c.id))
+    applied = union_all(
+        select(finished.c.id, finished.c.cancel),
+        select(requeued.c.id, requeued.c.cancel),
+        select(parked.c.id, parked.c.cancel),
+    ).subquery("applied")
     kind = outcome.c.kind
+    cancelled = or_(
+        kind == state_literal(OutcomeKind.CANCELLED.value),
+        and_(applied.c.cancel, kind != state_literal(OutcomeKind.SUCCEEDED.value)),
+    )
+    ends = or_(kind.in_(_kinds(OutcomeKind.final())), cancelled)
     recorded = (
         update(jobs)
         .where(
             jobs.c.id == outcome.c.id,
-            jobs.c.id.in_(applied),
-            kind.in_(_kinds(OutcomeKind.recorded())),
+            jobs.c.id == applied.c.id,
+            or_(kind.in_(_kinds(OutcomeKind.recorded())), applied.c.cancel),
         )
         .values(
             status=case(
+                (cancelled, CANCELLED),
                 (kind == state_literal(OutcomeKind.SUCCEEDED.value), SUCCEEDED),
                 (kind == state_literal(OutcomeKind.FAILED.value), FAILED),
                 else_=jobs.c.status,
@@ -165,12 +191,20 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
                 else_=jobs.c.errors.op("||")(func.jsonb_build_array(outcome.c.error)),
             ),
             attempts=outcome.c.attempt,
-            finished_at=case(
-                (final, func.now()),
-                else_=jobs.c.finished_at,
-            ),
+            finished_at=case((ends, func.now()), else_=jobs.c.finished_at),
         )
-        .returning(jobs.c.id)
+        # Someone waits for this job's result (queue.result): tell them it finished. The
+        # CASE calls pg_notify only for awaited jobs, so no other completion pays for it.
+        .returning(
+            jobs.c.id,
+            case(
+                (
+                    and_(jobs.c.awaited, ends),
+                    func.pg_notify(literal(tables.finished_channel, Text), cast(jobs.c.id, Text)),
+                ),
+                else_=null(),
+            ).label("notified"),
+        )
         .cte("recorded")
     )
     # "recorded" is not read by the final SELECT; PostgreSQL runs data-modifying CTEs

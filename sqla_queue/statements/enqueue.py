@@ -35,10 +35,20 @@ from sqla_queue.statements._common import ONE, PENDING, RUNNING, WAITING, second
 __all__ = ["ENQUEUE_ROW_FIELDS", "EnqueueParams", "EnqueueRow", "enqueue_statement"]
 
 
-class EnqueueRow(TypedDict):
+class _OptionalRowFields(TypedDict, total=False):
+    #: Left out when not set (a missing key reads as NULL): the job's unique key, copied
+    #: to the job for listing (the key itself is taken in the unique_keys table).
+    unique_key: str
+    #: Left out when not set: the application row the job is about (see sqla_queue.links).
+    about_table: str
+    about_key: str
+
+
+class EnqueueRow(_OptionalRowFields):
     """One JSON object of the ``rows`` parameter: one job to write.
 
-    Its keys are :data:`ENQUEUE_ROW_FIELDS` (a unit test holds the two together).
+    Its keys are :data:`ENQUEUE_ROW_FIELDS` (a unit test holds the two together); the
+    optional ones (unique key, linked row) are left out of a plain job's row.
     """
 
     task: str
@@ -72,6 +82,9 @@ _ROW_COLUMNS: tuple[tuple[str, Any], ...] = (
     ("run_at", DateTime(timezone=True)),
     ("delay", Double),
     ("seq", Integer),
+    ("unique_key", Text),
+    ("about_table", Text),
+    ("about_key", Text),
 )
 
 #: Keys of each JSON object in the ``rows`` parameter: the columns the statement reads.
@@ -113,7 +126,17 @@ def enqueue_statement(tables: QueueTables, *, notify: bool, keyed: bool = True) 
     new_jobs = (
         insert(jobs)
         .from_select(
-            ["task", "payload", "priority", "queue_id", "max_attempts", "scheduled_at"],
+            [
+                "task",
+                "payload",
+                "priority",
+                "queue_id",
+                "max_attempts",
+                "scheduled_at",
+                "unique_key",
+                "about_table",
+                "about_key",
+            ],
             select(
                 source.c.task,
                 source.c.payload,
@@ -121,6 +144,9 @@ def enqueue_statement(tables: QueueTables, *, notify: bool, keyed: bool = True) 
                 source.c.queue_id,
                 source.c.max_attempts,
                 execute_at,
+                source.c.unique_key,
+                source.c.about_table,
+                source.c.about_key,
             ).order_by(source.c.seq),
         )
         .returning(jobs.c.id, jobs.c.task, jobs.c.priority, jobs.c.queue_id, jobs.c.scheduled_at)

@@ -7,21 +7,36 @@ from typing import Any, TypedDict
 
 from sqlalchemy import (
     BigInteger,
+    CompoundSelect,
     Integer,
+    Text,
     Uuid,
     all_,
     bindparam,
+    case,
+    cast,
+    delete,
     func,
+    literal,
+    literal_column,
     null,
     select,
     tuple_,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql.dml import ReturningUpdate
 
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.statements._common import PENDING, RUNNING, seconds, still_running
+from sqla_queue.statements._common import (
+    CANCELLED,
+    DONE,
+    PENDING,
+    RUNNING,
+    seconds,
+    still_running,
+)
 
 __all__ = ["HeartbeatParams", "ReclaimParams", "heartbeat_statement", "reclaim_statement"]
 
@@ -41,12 +56,13 @@ class ReclaimParams(TypedDict):
     held: list[int]
 
 
-def heartbeat_statement(tables: QueueTables) -> ReturningUpdate[int]:
+def heartbeat_statement(tables: QueueTables) -> ReturningUpdate[Any]:
     """Refresh ``alive_at`` of the executions this worker is actually running.
 
     Parameters: ``worker``, ``ids`` (bigint[]) and ``attempts`` (int[]), pairwise. The
     (id, attempt) fence means a heartbeat never revives an execution that was reclaimed and
-    claimed again. Returns the ids that are still held; the rest were lost.
+    claimed again. Returns ``(id, cancel_requested)`` of those still held; the rest were
+    lost. The flag is how a cancel reaches the worker: no statement of its own.
     """
     ex = tables.executions
     held = select(
@@ -61,18 +77,20 @@ def heartbeat_statement(tables: QueueTables) -> ReturningUpdate[int]:
             tuple_(ex.c.id, ex.c.attempt).in_(held),
         )
         .values(alive_at=func.now())
-        .returning(ex.c.id)
+        .returning(ex.c.id, ex.c.cancel_requested)
     )
 
 
-def reclaim_statement(tables: QueueTables) -> ReturningUpdate[*tuple[Any, ...]]:
+def reclaim_statement(tables: QueueTables) -> CompoundSelect[Any]:
     """Return running executions whose heartbeat is older than their lease to pending.
 
     Parameter: ``held`` (bigint[]), the executions the calling worker runs right now: it
     never reclaims those, even if its own heartbeat is late. Its other rows are fair game:
     a claim whose reply was lost to a dropped connection leaves rows nobody runs. The
     attempt stays as it is: the next claim counts a new one. ``reclaims`` counts how often
-    the job was lost.
+    the job was lost. A lost execution whose job was asked to cancel is not run again: its
+    job becomes ``cancelled`` (a keyed one is parked ``done`` for the key's promotion).
+    Returns ``(id, task, attempt, reclaims)`` of the executions put back to pending.
 
     The walk is ``running_ix``: running rows only, as many as the workers' concurrency,
     never the backlog. Rows are locked with SKIP LOCKED, so no reclaimer ever waits, and
@@ -80,8 +98,9 @@ def reclaim_statement(tables: QueueTables) -> ReturningUpdate[*tuple[Any, ...]]:
     enqueue holding a running row as its key's predecessor (KEY SHARE) does not block.
     """
     ex = tables.executions
-    stale_cte = (
-        select(ex.c.id)
+    jobs = tables.jobs
+    stale = (
+        select(ex.c.id, ex.c.cancel_requested, ex.c.queue_id)
         .where(
             ex.c.state == RUNNING,
             ex.c.alive_at < func.now() - seconds(ex.c.lease_seconds),
@@ -90,9 +109,50 @@ def reclaim_statement(tables: QueueTables) -> ReturningUpdate[*tuple[Any, ...]]:
         .with_for_update(skip_locked=True, key_share=True)
         .cte("stale")
     )
-    return (
+    requeued = (
         update(ex)
-        .where(ex.c.id == stale_cte.c.id)
+        .where(ex.c.id == stale.c.id, stale.c.cancel_requested.is_(False))
         .values(state=PENDING, worker_id=null(), alive_at=null(), reclaims=ex.c.reclaims + 1)
         .returning(ex.c.id, ex.c.task, ex.c.attempt, ex.c.reclaims)
+        .cte("requeued")
+    )
+    dropped = (
+        delete(ex)
+        .where(ex.c.id == stale.c.id, stale.c.cancel_requested, stale.c.queue_id.is_(None))
+        .returning(ex.c.id, ex.c.attempt)
+        .cte("dropped")
+    )
+    parked = (
+        update(ex)
+        .where(ex.c.id == stale.c.id, stale.c.cancel_requested, stale.c.queue_id.is_not(None))
+        .values(state=DONE, worker_id=null(), alive_at=null(), slot=null())
+        .returning(ex.c.id, ex.c.attempt)
+        .cte("parked")
+    )
+    removed = union_all(
+        select(dropped.c.id, dropped.c.attempt), select(parked.c.id, parked.c.attempt)
+    ).subquery("removed")
+    cancelled = (
+        update(jobs)
+        .where(jobs.c.id == removed.c.id)
+        # The lost attempt counts, as it does for a lost job that runs again.
+        .values(status=CANCELLED, finished_at=func.now(), attempts=removed.c.attempt)
+        # Someone waiting for the job's result (queue.result) is told, as by a completion.
+        .returning(
+            jobs.c.id,
+            case(
+                (
+                    jobs.c.awaited,
+                    func.pg_notify(literal(tables.finished_channel, Text), cast(jobs.c.id, Text)),
+                ),
+                else_=null(),
+            ).label("notified"),
+        )
+        .cte("cancelled")
+    )
+    # "cancelled" is not read; PostgreSQL runs data-modifying CTEs regardless, and the
+    # false branch keeps SQLAlchemy from dropping the unreferenced CTE.
+    return union_all(
+        select(requeued.c.id, requeued.c.task, requeued.c.attempt, requeued.c.reclaims),
+        select(cancelled.c.id, null(), null(), null()).where(literal_column("false")),
     )

@@ -66,13 +66,13 @@ class Heartbeater(threading.Thread):
         try:
             with self.engine.begin() as connection:
                 connection.execute(self.core.guard)
-                alive = connection.execute(self.core.heartbeat_statement, params).scalars().all()
+                rows = connection.execute(self.core.heartbeat_statement, params).all()
         except Exception as exc:
             log.warning("heartbeat failed, retrying in %.1fs: %s", self.interval, exc)
             # A lost privilege or table stops the worker instead of failing every beat.
             self.core.heartbeat_failed(exc, time.monotonic())
             return
-        self.core.mark_lost(params["ids"], alive)
+        self.core.heartbeat_done(params["ids"], rows)
 
 
 class Listener(threading.Thread):

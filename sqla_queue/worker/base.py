@@ -15,7 +15,7 @@ from sqla_queue.core.outcomes import ClaimedJob
 from sqla_queue.worker.background import Heartbeater, Listener, libpq_url
 from sqla_queue.worker.context import JobContext
 from sqla_queue.worker.core import ContextFactory, WorkerCore
-from sqla_queue.worker.handlers import HandlerPool, HandlerRunner
+from sqla_queue.worker.handlers import HandlerPool, HandlerRunner, InTransaction
 from sqla_queue.worker.plan import WorkerPlan
 from sqla_queue.worker.settings import WorkerSettings
 
@@ -38,6 +38,8 @@ class RunStats:
     failed: int
     retried: int
     fenced: int
+    #: Handlers that stopped after their job was cancelled while they ran.
+    cancelled: int = 0
 
 
 def bound_engine(session_factory: Any) -> Any:
@@ -86,6 +88,8 @@ class WorkerBase:
             clock=core.clock,
             record=core.record,
             stop=lambda exc: core.handler_raised(exc, time.monotonic()),
+            transaction=InTransaction(core.guard, core.complete_statement, core.worker_id),
+            settle=core.settled,
         )
 
     @staticmethod

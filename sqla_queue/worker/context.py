@@ -44,6 +44,8 @@ class JobContext(Generic[S]):
         self._session: S | None = None
         self._stop_flag = stop_flag
         self._shutdown_event: asyncio.Event | None = None
+        self._cancel_flag = threading.Event()
+        self._cancel_event: asyncio.Event | None = None
         #: Set when a heartbeat found that this execution was reclaimed by another worker.
         self.lost = False
 
@@ -71,24 +73,44 @@ class JobContext(Generic[S]):
                 self._shutdown_event.set()
         return self._shutdown_event
 
+    @property
+    def cancel_requested(self) -> bool:
+        """True once someone cancelled this job (``queue.cancel``) while it ran.
+
+        The request arrives with the worker's next heartbeat. Stop early and return (or
+        raise): the job then ends ``cancelled``. A handler that ignores it is not stopped,
+        but once the request has reached it (this flag is set) the job ends ``cancelled``
+        whatever it returns; only a success that came before the request reached the
+        worker ends ``succeeded``.
+        """
+        return self._cancel_flag.is_set()
+
+    @property
+    def cancel_event(self) -> asyncio.Event:
+        """An event set when the job is cancelled, for ``async def`` handlers to await.
+
+        (An ``async def`` handler's task is also cancelled, so it sees ``CancelledError``
+        at its next ``await``; this event is for code that shields itself from that.)
+        Only valid inside the event loop that runs the handler.
+        """
+        if self._cancel_event is None:
+            self._cancel_event = asyncio.Event()
+            if self._cancel_flag.is_set():
+                self._cancel_event.set()
+        return self._cancel_event
+
+    def notify_cancel(self) -> None:
+        """Tell the handler that its job was cancelled. Called by the worker, any thread."""
+        self._cancel_flag.set()
+        _set_in_owner_loop(self._cancel_event)
+
     def notify_shutdown(self) -> None:
         """Tell the handler that its worker is stopping. Called by the worker, any thread.
 
         Sets :attr:`shutdown_event` (in the handler's own loop) if the handler made one;
         :attr:`shutdown_requested` already reads the worker's flag.
         """
-        event = self._shutdown_event
-        if event is not None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                loop = None
-            # The event belongs to the handler's loop; set it from that loop's thread.
-            owner: Any = getattr(event, "_loop", None)
-            if owner is not None and owner is not loop:
-                owner.call_soon_threadsafe(event.set)
-            else:
-                event.set()
+        _set_in_owner_loop(self._shutdown_event)
 
     def notify_lost(self) -> None:
         """Tell the handler that another worker reclaimed its job. Called by the worker.
@@ -101,3 +123,19 @@ class JobContext(Generic[S]):
     def _take_session(self) -> S | None:
         session, self._session = self._session, None
         return session
+
+
+def _set_in_owner_loop(event: asyncio.Event | None) -> None:
+    """Set ``event`` from any thread: through its loop when another thread runs that loop."""
+    if event is None:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    # The event belongs to the handler's loop; set it from that loop's thread.
+    owner: Any = getattr(event, "_loop", None)
+    if owner is not None and owner is not loop:
+        owner.call_soon_threadsafe(event.set)
+    else:
+        event.set()

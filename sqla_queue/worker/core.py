@@ -170,7 +170,14 @@ class WorkerCore:
         #: ... or the KeyboardInterrupt/SystemExit a handler raised. ``run()`` raises it
         #: once every thread has stopped.
         self.raised: BaseException | None = None
-        self.stats = {"claimed": 0, "succeeded": 0, "failed": 0, "retried": 0, "fenced": 0}
+        self.stats = {
+            "claimed": 0,
+            "succeeded": 0,
+            "failed": 0,
+            "retried": 0,
+            "fenced": 0,
+            "cancelled": 0,
+        }
 
     # -- wiring ------------------------------------------------------------------------------
 
@@ -485,6 +492,24 @@ class WorkerCore:
             self._next_poll = 0.0
         self._wake()
 
+    def settled(self, running: RunningJob, outcome: Outcome, applied: bool) -> None:
+        """A transactional handler's outcome was committed in its own transaction
+        (``applied``), or fenced off there (its execution was reclaimed). Any thread may call.
+
+        Nothing is buffered: the job is only forgotten, and a key or seat it freed makes
+        the next claim come at once (that claim also promotes the key's next job).
+        """
+        with self._lock:
+            current = self._running.get(running.job.id)
+            if current is not running or running.released:
+                return
+            del self._running[running.job.id]
+            if running.job.queue_id is not None and applied:
+                self._keys.add(running.job.queue_id)
+        self.completed([outcome], [running.job.id] if applied else [])
+        self._next_poll = 0.0
+        self._wake()
+
     def _release_running(self) -> None:
         for running in self._running.values():
             if not running.released:
@@ -525,6 +550,10 @@ class WorkerCore:
             self._next_poll = 0.0
             self._last_claim_empty = False
         done = set(applied)
+        with self._lock:  # transactional handlers' threads report here too (settled)
+            self._count(outcomes, done)
+
+    def _count(self, outcomes: list[Outcome], done: set[int]) -> None:
         for outcome in outcomes:
             if outcome.job_id not in done:
                 self.stats["fenced"] += 1
@@ -540,6 +569,8 @@ class WorkerCore:
                 self.stats["failed"] += 1
             elif outcome.kind is OutcomeKind.RETRY:
                 self.stats["retried"] += 1
+            elif outcome.kind is OutcomeKind.CANCELLED:
+                self.stats["cancelled"] += 1
 
     def flush_failed(self, outcomes: list[Outcome]) -> None:
         """The completion did not reach the database: keep the outcomes for the next try.
@@ -703,6 +734,26 @@ class WorkerCore:
             log.warning(
                 "executions %s were reclaimed by another worker while held here", sorted(lost)
             )
+
+    def heartbeat_done(self, sent: Iterable[int], rows: Sequence[Any]) -> None:
+        """A heartbeat returned ``(id, cancel_requested)`` rows: note the lost and the
+        cancelled executions. Called by the heartbeat thread."""
+        sent = list(sent)
+        self.mark_lost(sent, [row[0] for row in rows])
+        cancelled = [row[0] for row in rows if row[1]]
+        if cancelled:
+            self.deliver_cancels(cancelled)
+
+    def deliver_cancels(self, job_ids: Iterable[int]) -> None:
+        """Tell the handlers of ``job_ids`` that their jobs were cancelled (once each)."""
+        with self._lock:
+            targets = [self._running.get(job_id) for job_id in job_ids]
+        for running in targets:
+            if running is not None and not running.released and not running.cancel_requested:
+                log.info(
+                    "job %s (%s) was cancelled while running", running.job.id, running.job.task
+                )
+                running.request_cancel()
 
     def heartbeat_params(self) -> HeartbeatParams | None:
         """Parameters of the next heartbeat, or None when nothing is held."""

@@ -75,7 +75,8 @@ def database_message(exc: BaseException) -> str:
 def explain(fault: Fault, exc: BaseException, tables: QueueTables, doing: str) -> str:
     """Why a worker stops on ``exc`` (raised while ``doing``), and what fixes it."""
     reason = database_message(exc)
-    names = ", ".join(str(t.fullname) for t in (tables.jobs, tables.executions, tables.limits))
+    queue_tables = (tables.jobs, tables.executions, tables.limits, tables.unique_keys)
+    names = ", ".join(str(t.fullname) for t in queue_tables)
     if fault is Fault.PRIVILEGE:
         schema = tables.schema or "public"
         return (

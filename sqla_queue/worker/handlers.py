@@ -17,9 +17,11 @@ import queue as queue_module
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from sqla_queue.core.outcomes import (
     ClaimedJob,
@@ -30,13 +32,21 @@ from sqla_queue.core.outcomes import (
     outcome_for_error,
     outcome_for_return,
     outcome_refused,
+    outcomes_json,
     plain_error_entry,
     sanitize_text,
 )
 from sqla_queue.worker.context import JobContext
 from sqla_queue.worker.plan import TaskRuntime
 
-__all__ = ["HandlerPool", "HandlerRunner", "PrivateLoop", "RunningJob", "stops_the_process"]
+__all__ = [
+    "HandlerPool",
+    "HandlerRunner",
+    "InTransaction",
+    "PrivateLoop",
+    "RunningJob",
+    "stops_the_process",
+]
 
 log = logging.getLogger("sqla_queue.worker")
 
@@ -59,6 +69,36 @@ class RunningJob:
     context: JobContext[Any] | None
     #: Handed back to the queue at shutdown: a late outcome is dropped.
     released: bool = field(default=False)
+    #: A heartbeat brought a cancel request for this job (see :meth:`request_cancel`).
+    cancel_requested: bool = field(default=False)
+    #: The asyncio task running an ``async def`` handler, and its loop.
+    task: asyncio.Task[None] | None = field(default=None)
+    loop: asyncio.AbstractEventLoop | None = field(default=None)
+    #: The handler has returned or raised: a late cancel must not interrupt the rest
+    #: (its completion and commit, for a transactional task).
+    handler_done: bool = field(default=False)
+
+    def request_cancel(self) -> None:
+        """The job was cancelled while it ran: tell the handler. Any thread may call.
+
+        The context's flag and event are set; an ``async def`` handler's task is also
+        cancelled, so it sees ``CancelledError`` at its next ``await``. A sync handler
+        only sees the flag: a thread cannot be interrupted safely.
+        """
+        if self.cancel_requested:
+            return
+        self.cancel_requested = True
+        if self.context is not None:
+            self.context.notify_cancel()
+        loop = self.loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self._interrupt)
+
+    def _interrupt(self) -> None:
+        # On the handler's loop, so it is ordered with the handler's return: a cancel that
+        # comes after it is left to the outcome (see HandlerRunner._cancelled_or).
+        if self.task is not None and not self.handler_done:
+            self.task.cancel()
 
 
 def stops_the_process(exc: BaseException) -> bool:
@@ -69,6 +109,35 @@ def stops_the_process(exc: BaseException) -> bool:
     another ``BaseException``, is only the attempt's failure.
     """
     return isinstance(exc, KeyboardInterrupt | SystemExit)
+
+
+@dataclass(frozen=True)
+class InTransaction:
+    """How a transactional task's completion joins the handler's own transaction.
+
+    The statements are the worker's: its planner guard and its fenced completion, sent
+    for one outcome through the handler's ``ctx.session``. A completion the fence refuses
+    (the execution was reclaimed) rolls the whole transaction back, the handler's writes
+    included.
+    """
+
+    guard: Any
+    statement: Any
+    worker_id: uuid.UUID
+
+    #: The outcomes committed with the handler's writes: those of a handler that returned
+    #: (a success, or a ``Reschedule`` it returned). Any other outcome rolls them back.
+    KINDS = (OutcomeKind.SUCCEEDED, OutcomeKind.RESCHEDULE)
+
+    def steps(self, outcome: Outcome) -> list[tuple[Any, dict[str, Any]]]:
+        """The two statements to run in the handler's transaction, with parameters."""
+        params = {"outcomes": outcomes_json([outcome]), "worker": self.worker_id}
+        return [(self.guard, {}), (self.statement, params)]
+
+    @staticmethod
+    def applied(rows: Sequence[Any], job_id: int) -> bool:
+        """Whether the completion's rows say it applied (commit) or was fenced (roll back)."""
+        return any(row[0] == job_id for row in rows)
 
 
 class HandlerRunner:
@@ -90,11 +159,15 @@ class HandlerRunner:
         clock: Callable[[], dt.datetime],
         record: Callable[[RunningJob, Outcome], None],
         stop: Callable[[BaseException], None] | None = None,
+        transaction: InTransaction | None = None,
+        settle: Callable[[RunningJob, Outcome, bool], None] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.clock = clock
         self.record = record
         self.stop = stop
+        self.transaction = transaction
+        self.settle = settle
 
     def call_arguments(self, running: RunningJob) -> list[Any]:
         """The positional arguments of the call: the context first when the task asks."""
@@ -113,6 +186,12 @@ class HandlerRunner:
                 outcome = self.outcome_of_error(running, exc)
             else:
                 outcome = self.outcome_of_return(running, value)
+            outcome = self._cancelled_or(running, outcome)
+            if self._commits_with_handler(running, outcome, raised):
+                settled = self._complete_in_session_sync(running, outcome)
+                if settled is None:
+                    return
+                outcome = settled
         finally:
             _close_sync_session(running)
         self._report(running, outcome, raised)
@@ -128,14 +207,23 @@ class HandlerRunner:
         event loop under it.
         """
         raised: BaseException | None = None
+        running.task = asyncio.current_task()
+        running.loop = asyncio.get_running_loop()
         try:
             try:
+                if running.cancel_requested:  # cancelled before it could start
+                    raise asyncio.CancelledError
                 value = await running.runtime.handler(
                     *self.call_arguments(running), **running.kwargs
                 )
             except asyncio.CancelledError as exc:
                 task = asyncio.current_task()
-                if task is not None and task.cancelling():
+                if running.cancel_requested and task is not None:
+                    # Our own cancel (the job's): the handler stopped, as asked. Take the
+                    # cancellation back so that closing its session can still await.
+                    while task.cancelling():
+                        task.uncancel()
+                elif task is not None and task.cancelling():
                     raise
                 raised = exc
                 outcome = self.outcome_of_error(running, exc)
@@ -144,9 +232,111 @@ class HandlerRunner:
                 outcome = self.outcome_of_error(running, exc)
             else:
                 outcome = self.outcome_of_return(running, value)
+            running.handler_done = True
+            outcome = self._cancelled_or(running, outcome)
+            if self._commits_with_handler(running, outcome, raised):
+                settled = await self._complete_in_session_async(running, outcome)
+                if settled is None:
+                    return
+                outcome = settled
         finally:
             await _close_async_session(running)
         self._report(running, outcome, raised)
+
+    def _commits_with_handler(
+        self, running: RunningJob, outcome: Outcome, raised: BaseException | None
+    ) -> bool:
+        return (
+            running.runtime.transactional
+            and raised is None
+            and outcome.kind in InTransaction.KINDS
+            and self.transaction is not None
+            and running.context is not None
+        )
+
+    def _complete_in_session_sync(self, running: RunningJob, outcome: Outcome) -> Outcome | None:
+        """Commit ``outcome`` with the handler's writes; ``None`` once that is settled.
+
+        A failure to write or commit is the attempt's failure, returned for the ordinary
+        (buffered) path: if the commit did happen after all, that failure is fenced off.
+        """
+        assert self.transaction is not None
+        assert running.context is not None
+        session = running.context.session
+        try:
+            rows: Sequence[Any] = []
+            for statement, params in self.transaction.steps(outcome):
+                rows = session.execute(statement, params).all()
+            applied = self.transaction.applied(rows, running.job.id)
+            if applied:
+                session.commit()
+            else:
+                session.rollback()
+        except Exception as exc:
+            _roll_back_sync(session, running)
+            return self._commit_failed(running, exc)
+        self._settled(running, outcome, applied)
+        return None
+
+    async def _complete_in_session_async(
+        self, running: RunningJob, outcome: Outcome
+    ) -> Outcome | None:
+        """:meth:`_complete_in_session_sync` for an ``AsyncSession``.
+
+        An ``async def`` handler of a sync worker has a sync ``Session``: that one is
+        completed as the sync path does.
+        """
+        assert self.transaction is not None
+        assert running.context is not None
+        session = running.context.session
+        if not isinstance(session, AsyncSession):
+            return self._complete_in_session_sync(running, outcome)
+        try:
+            rows: Sequence[Any] = []
+            for statement, params in self.transaction.steps(outcome):
+                rows = (await session.execute(statement, params)).all()
+            applied = self.transaction.applied(rows, running.job.id)
+            if applied:
+                await session.commit()
+            else:
+                await session.rollback()
+        except Exception as exc:
+            try:
+                await session.rollback()
+            except Exception:
+                log.debug("rolling back job %s's session failed", running.job.id, exc_info=True)
+            return self._commit_failed(running, exc)
+        self._settled(running, outcome, applied)
+        return None
+
+    def _commit_failed(self, running: RunningJob, exc: Exception) -> Outcome:
+        log.warning(
+            "job %s (%s): its transaction could not be committed: %s",
+            running.job.id,
+            running.job.task,
+            exc,
+        )
+        return self.outcome_of_error(running, exc)
+
+    def _settled(self, running: RunningJob, outcome: Outcome, applied: bool) -> None:
+        # The core logs a fenced outcome, as it does for the buffered ones.
+        if self.settle is not None:
+            self.settle(running, outcome, applied)
+
+    def _cancelled_or(self, running: RunningJob, outcome: Outcome) -> Outcome:
+        """``outcome``, unless the handler ended after it was told of a cancel request.
+
+        Then the job ends ``cancelled`` (whatever it returned or raised, even a success:
+        it was told to stop, and it stopped), keeping the error the attempt raised, if
+        any, in the job's history. A request the worker had not delivered yet is the
+        completion statement's to apply: it ends any outcome but a success ``cancelled``.
+        """
+        if not running.cancel_requested or outcome.kind is OutcomeKind.CANCELLED:
+            return outcome
+        log.info("job %s (%s) stopped after it was cancelled", running.job.id, running.job.task)
+        return Outcome(
+            running.job.id, running.job.attempt, OutcomeKind.CANCELLED, error=outcome.error
+        )
 
     def _report(self, running: RunningJob, outcome: Outcome, raised: BaseException | None) -> None:
         self.record(running, outcome)
@@ -274,6 +464,13 @@ def _describe(exc: BaseException) -> str:
         text = ""
     text, _ = sanitize_text(text[:500])
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _roll_back_sync(session: Any, running: RunningJob) -> None:
+    try:
+        session.rollback()
+    except Exception:
+        log.debug("rolling back job %s's session failed", running.job.id, exc_info=True)
 
 
 def _close_sync_session(running: RunningJob) -> None:

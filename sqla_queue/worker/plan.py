@@ -48,6 +48,8 @@ class TaskRuntime:
     max_reclaims: int
     #: The limit declared in code; a stored limit wins over it.
     declared_limit: int | None = None
+    #: Commit the completion in the handler's ``ctx.session`` transaction.
+    transactional: bool = False
 
     def __post_init__(self) -> None:
         where = f"task {self.name!r}"
@@ -55,7 +57,7 @@ class TaskRuntime:
             raise ValueError(f"a task's name must be a non-empty string, got {self.name!r}")
         if not callable(self.handler):
             raise TypeError(f"{where}: the handler must be callable, got {self.handler!r}")
-        for flag in ("is_async", "pass_context"):
+        for flag in ("is_async", "pass_context", "transactional"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{where}: {flag} must be True or False")
         _whole(where, "max_attempts", self.max_attempts, low=1)

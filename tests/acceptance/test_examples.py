@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -30,10 +31,39 @@ def run(script: str, url: str) -> str:
 def test_sync_example(empty_db_url: str) -> None:
     out = run("enqueue_and_work.py", empty_db_url)
     assert "worker: 3 succeeded, 0 failed" in out
-    assert "ada@example.com: confirmed=True" in out
-    assert "cy@example.com: confirmed=True" in out
+    assert "ada@example.com: confirmed=True; jobs: send_confirmation succeeded\n" in out
+    assert "cy@example.com: confirmed=True; jobs: send_confirmation succeeded\n" in out
     assert "bob@example.com" not in out  # rolled back with its job
     assert "stats rebuilt (new orders)" in out
+    # The unique key kept a double submit to one job; the result came back.
+    assert "ada@example.com submitted twice: one job: True" in out
+    assert "cy@example.com's confirmation: confirmed cy@example.com" in out
+
+    # The jobs of one order, from the command line, through their link to the order.
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sqla_queue",
+            "jobs",
+            "myapp.jobs:queue",
+            "--url",
+            empty_db_url,
+            "--about",
+            "example_orders:1",
+            "--json",
+        ],
+        cwd=EXAMPLES,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert cli.returncode == 0, cli.stderr
+    rows = json.loads(cli.stdout)
+    assert [(row["task"], row["state"], row["unique_key"]) for row in rows] == [
+        ("send_confirmation", "succeeded", "order-1")
+    ]
 
 
 def test_async_example_and_cli(empty_db_url: str) -> None:

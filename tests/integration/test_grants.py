@@ -164,10 +164,13 @@ def test_the_guide_grants_every_queue_table_and_the_operator_writes_limits() -> 
         f"{GUIDE_PREFIX}jobs",
         f"{GUIDE_PREFIX}job_executions",
         f"{GUIDE_PREFIX}task_limits",
+        f"{GUIDE_PREFIX}unique_keys",
     }
     admin = effective_privileges(_guide("app-role") | _guide("admin-role"), GUIDE_ADMIN_ROLE)
     limits = {g.privilege for g in admin if g.name == f"{GUIDE_PREFIX}task_limits"}
     assert limits == {"SELECT", "INSERT", "UPDATE", "DELETE"}
+    keys = {g.privilege for g in admin if g.name == f"{GUIDE_PREFIX}unique_keys"}
+    assert keys == {"SELECT", "INSERT", "UPDATE", "DELETE"}
 
 
 def test_the_test_roles_hold_exactly_the_guides_grants(
@@ -207,12 +210,15 @@ def test_a_role_without_grants_fails_verify_and_the_worker_at_once(
 
     assert isinstance(refused.value, InsufficientPrivilegeError)
     message = str(refused.value)
-    assert len(refused.value.missing) == 10
+    assert len(refused.value.missing) == 14
     assert f"USAGE on schema {SCHEMA}" in refused.value.missing
     assert f"SELECT on table {SCHEMA}.sqla_queue_task_limits" in refused.value.missing
     assert f"GRANT USAGE ON SCHEMA {SCHEMA} TO " in message
     assert f"GRANT SELECT, INSERT, UPDATE, DELETE ON {SCHEMA}.sqla_queue_jobs TO " in message
     assert f"GRANT SELECT ON {SCHEMA}.sqla_queue_task_limits TO " in message
+    assert f"GRANT SELECT, INSERT, UPDATE, DELETE ON {SCHEMA}.sqla_queue_unique_keys TO " in (
+        message
+    )
 
     finished, errors = _run_briefly(_worker(bare_role), 10)
     assert finished, "the worker did not stop: it should refuse to start"
@@ -227,6 +233,7 @@ REQUIRED = [
     ("USAGE", f"SCHEMA {SCHEMA}"),
     *[(p, f"{SCHEMA}.sqla_queue_jobs") for p in ("SELECT", "INSERT", "UPDATE", "DELETE")],
     *[(p, f"{SCHEMA}.sqla_queue_job_executions") for p in ("SELECT", "INSERT", "UPDATE", "DELETE")],
+    *[(p, f"{SCHEMA}.sqla_queue_unique_keys") for p in ("SELECT", "INSERT", "UPDATE", "DELETE")],
     ("SELECT", f"{SCHEMA}.sqla_queue_task_limits"),
 ]
 

@@ -35,7 +35,8 @@ def test_suites_pass_as_a_dml_only_role(role: str, suites: list[str]) -> None:
     env = {**os.environ, "SQLA_QUEUE_TEST_DML_ROLE": role}
     paths = [str(Path(__file__).parent / name) for name in suites]
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths],
+        # One process: this test's group runs beside the rest of the suite already.
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *paths],
         cwd=ROOT,
         env=env,
         capture_output=True,

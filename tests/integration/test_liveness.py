@@ -139,6 +139,7 @@ def test_heartbeat_of_a_reclaimed_execution_changes_nothing(
         assert (
             connection.execute(stale, {"worker": new, "ids": [job_id], "attempts": [1]}).all() == []
         )
+        # The holder's own beat returns the id, with no cancel request.
         assert connection.execute(
             stale, {"worker": new, "ids": [job_id], "attempts": [2]}
-        ).all() == [(job_id,)]
+        ).all() == [(job_id, False)]

@@ -60,7 +60,15 @@ class HostProject:
 
 def child_env() -> dict[str, str]:
     """The environment for subprocesses: the repository importable, no stray DATABASE_URL."""
-    env = dict(os.environ)
+    # dict(os.environ) lists the keys, then reads each one; the host-convention cases call
+    # this from threads while pytest sets and deletes PYTEST_CURRENT_TEST, so a key can go
+    # in between (KeyError seen in a CI matrix cell). Copy again until no key went.
+    while True:
+        try:
+            env = dict(os.environ)
+        except KeyError:
+            continue
+        break
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.pop("DATABASE_URL", None)
     return env
@@ -148,6 +156,12 @@ def v1_history_project(tmp_path: Path, empty_db_url: str) -> HostProject:
 def v2_history_project(tmp_path: Path, empty_db_url: str) -> HostProject:
     """The host's history as it was while schema version 2 was the newest (up to 0003)."""
     return write_project(tmp_path / "project", empty_db_url, with_history=True, until="0003")
+
+
+@pytest.fixture
+def v3_history_project(tmp_path: Path, empty_db_url: str) -> HostProject:
+    """The host's history as it was while schema version 3 was the newest (up to 0004)."""
+    return write_project(tmp_path / "project", empty_db_url, with_history=True, until="0004")
 
 
 @pytest.fixture

@@ -1,15 +1,16 @@
 """A worker of an earlier release, reduced to the frozen SQL it sends (claim and completion).
 
-Each release's package (``v1_worker``, ``v2_worker``) holds that release's statements as
-copied text and subclasses :class:`FrozenWorker` with them; only the SQL differs between
-releases, the parameters they take are the same.
+Each release's package (``v1_worker``, ``v2_worker``, ``v3_worker``) holds that release's
+statements as copied text and subclasses :class:`FrozenWorker` with them; only the SQL
+differs between releases, and the parameters they take are the same but for the constants
+that a release's compiled text binds (its ``COMPLETE_CONSTANTS``).
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -44,6 +45,9 @@ class FrozenWorker:
 
     CLAIM_SQL: ClassVar[str]
     COMPLETE_SQL: ClassVar[str]
+    #: Constants that the release's completion binds beyond the shared ones (SQLAlchemy
+    #: turns a literal in the builder into a bound parameter with the literal as its value).
+    COMPLETE_CONSTANTS: ClassVar[Mapping[str, Any]] = {}
 
     worker_id: uuid.UUID = field(default_factory=uuid.uuid4)
 
@@ -83,6 +87,7 @@ class FrozenWorker:
                 "worker": self.worker_id,
                 "coalesce_1": 0.0,
                 "attempt_1": 1,
+                **self.COMPLETE_CONSTANTS,
             },
         ).all()
         return sorted(int(r[0]) for r in rows)

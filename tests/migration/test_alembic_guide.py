@@ -133,6 +133,7 @@ def test_the_guide_works_as_written(tmp_path: Path, empty_db_url: str) -> None:
             "sqla_queue_jobs",
             "sqla_queue_job_executions",
             "sqla_queue_task_limits",
+            "sqla_queue_unique_keys",
         }
     _shell("alembic downgrade -1", project, empty_db_url)
     with engine.connect() as connection:
@@ -169,5 +170,6 @@ def test_the_guide_works_as_written(tmp_path: Path, empty_db_url: str) -> None:
             "sqla_queue_jobs",
             "sqla_queue_job_executions",
             "sqla_queue_task_limits",
+            "sqla_queue_unique_keys",
         }
     engine.dispose()

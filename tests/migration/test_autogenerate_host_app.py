@@ -73,6 +73,7 @@ def test_autogenerate_renders_the_queue_op_and_upgrade_builds_the_create_all_sch
         "sqla_queue_jobs",
         "sqla_queue_job_executions",
         "sqla_queue_task_limits",
+        "sqla_queue_unique_keys",
     }
     with engine.connect() as connection:
         queue.verify(connection)

@@ -94,6 +94,7 @@ def test_proposals_that_get_past_the_hiding_hook_are_still_replaced(
         ops = autogenerate(connection, metadata, include_schemas=True)
     assert any("sqla_queue_jobs" in r.getMessage() for r in caplog.records)  # Alembic saw it
     assert any("sqla_queue_task_limits" in r.getMessage() for r in caplog.records)
+    assert any("sqla_queue_unique_keys" in r.getMessage() for r in caplog.records)
     assert ops[0] == CreateQueueOp("work", "sqla_queue_", version=versions.LATEST_VERSION)
     assert table_names(ops) == {"accounts"}
 
@@ -113,6 +114,7 @@ def test_without_alembic_ext_alembic_would_create_the_queue_tables_itself(
         "sqla_queue_jobs",
         "sqla_queue_job_executions",
         "sqla_queue_task_limits",
+        "sqla_queue_unique_keys",
     } <= table_names(ops)
     assert not any(isinstance(op, CreateQueueOp) for op in ops)
 
@@ -180,17 +182,21 @@ def test_a_filter_written_for_version_1_leaves_the_whole_queue_alone(engine: Eng
     assert table_names(ops) == {"accounts"}
 
 
-@pytest.mark.parametrize(("schema", "include_schemas"), [(None, False), ("work", True)])
+@pytest.mark.parametrize(
+    ("schema", "include_schemas", "version"),
+    [(None, False, 2), ("work", True, 2), ("work", True, versions.LATEST_VERSION)],
+)
 def test_a_queue_removed_from_the_metadata_is_dropped_by_drop_queue(
-    engine: Engine, schema: str | None, include_schemas: bool
+    engine: Engine, schema: str | None, include_schemas: bool, version: int
 ) -> None:
     with engine.begin() as connection:
-        apply(connection, CreateQueueOp(schema, "sqla_queue_", version=2))
+        apply(connection, CreateQueueOp(schema, "sqla_queue_", version=version))
     metadata, _ = host_metadata()
     with engine.connect() as connection:
         ops = autogenerate(connection, metadata, include_schemas=include_schemas)
-    # One drop_queue at version 2 owns all three tables: no drop_table of task_limits.
-    assert ops[-1] == DropQueueOp(schema, "sqla_queue_", version=2)
+    # One drop_queue at the queue's version owns all of its tables: no drop_table of
+    # task_limits (version 2) or unique_keys (version 4) is left.
+    assert ops[-1] == DropQueueOp(schema, "sqla_queue_", version=version)
     assert table_names(ops) == {"accounts"}
     with engine.begin() as connection:
         apply(connection, ops[-1])
@@ -229,7 +235,7 @@ def _rows(connection: Connection, tables: QueueTables) -> list[tuple[Any, ...]]:
     return [tuple(row) for row in connection.execute(query)]
 
 
-# What each version adds to the executions table that a worker checks for at start.
+# What each version adds to the tables that exist before it, as a worker checks at start.
 _ADDED_BY_VERSION = {
     2: {
         ("column", "slot"),
@@ -242,10 +248,21 @@ _ADDED_BY_VERSION = {
         ("index", "sqla_queue_job_executions_waiting_ix"),
         ("index", "sqla_queue_job_executions_done_ix"),
     },
+    4: {
+        ("column", "unique_key"),
+        ("column", "about_table"),
+        ("column", "about_key"),
+        ("column", "awaited"),
+        ("index", "sqla_queue_jobs_about_ix"),
+        ("index", "sqla_queue_jobs_unique_key_ix"),
+        ("column", "cancel_requested"),
+    },
 }
+# The tables each version adds, with all their columns, indexes and constraints.
+_TABLE_ADDED_BY_VERSION = {2: "sqla_queue_task_limits", 4: "sqla_queue_unique_keys"}
 
 
-@pytest.mark.parametrize("old_version", [1, 2])
+@pytest.mark.parametrize("old_version", [1, 2, 3])
 def test_an_older_database_gets_one_upgrade_queue_to_the_latest_and_keeps_its_rows(
     engine: Engine, old_version: int
 ) -> None:
@@ -265,11 +282,11 @@ def test_an_older_database_gets_one_upgrade_queue_to_the_latest_and_keeps_its_ro
     with engine.begin() as connection:
         missing, version = find_missing(connection, tables)
         assert version == old_version
-        tables_missing = {(m.kind, m.table) for m in missing}
-        # The task_limits table came with version 2.
-        assert (("table", "sqla_queue_task_limits") in tables_missing) == (old_version < 2)
-        added = set().union(*(_ADDED_BY_VERSION[v] for v in range(old_version + 1, latest + 1)))
-        assert {(m.kind, m.name) for m in missing if m.table != "sqla_queue_task_limits"} == added
+        newer = range(old_version + 1, latest + 1)
+        new_tables = {_TABLE_ADDED_BY_VERSION[v] for v in newer if v in _TABLE_ADDED_BY_VERSION}
+        assert {m.table for m in missing if m.kind == "table"} == new_tables
+        added = set().union(*(_ADDED_BY_VERSION[v] for v in newer))
+        assert {(m.kind, m.name) for m in missing if m.table not in new_tables} == added
         apply(connection, ops[0])
         assert _rows(connection, tables) == before
         assert find_missing(connection, tables) == ([], latest)

@@ -48,7 +48,7 @@ PARALLEL_CASES = 3
 #: How long a test waits for its case's driver (run_cli stops a driver after 120 s).
 CASE_TIMEOUT = 300
 
-QUEUE_TABLES = ("jobs", "job_executions", "task_limits")
+QUEUE_TABLES = ("jobs", "job_executions", "task_limits", "unique_keys")
 SUCCEEDED = [["succeeded", 2], ["succeeded", 4]]
 
 MODELS_HEADER = '''\

@@ -2,8 +2,8 @@
 
 Fed to psql on an empty database, the script builds the same schema as an online
 ``alembic upgrade head``, and the same queue as ``queue.create_all``: for a project that
-creates the latest version (3) at once, and for one whose history creates version 1 and then
-steps to 2 and to 3.
+creates the latest version at once, and for one whose history creates version 1 and then
+steps to 2, to 3 and to 4.
 """
 
 from __future__ import annotations
@@ -21,7 +21,12 @@ from tests.migration.hostapp.models import QUEUE_SCHEMA
 
 pytestmark = pytest.mark.migration
 
-QUEUE_TABLES = ("sqla_queue_jobs", "sqla_queue_job_executions", "sqla_queue_task_limits")
+QUEUE_TABLES = (
+    "sqla_queue_jobs",
+    "sqla_queue_job_executions",
+    "sqla_queue_task_limits",
+    "sqla_queue_unique_keys",
+)
 
 
 def _run_offline_script(project: HostProject, new_db: Callable[[], str]) -> tuple[str, str]:
@@ -51,7 +56,7 @@ def _assert_same_schemas(project: HostProject, by_psql: str, create_all_snapshot
     assert differences(schema_snapshot(by_psql), create_all_snapshot) == []
 
 
-def test_offline_script_of_the_history_steps_from_version_1_to_2_to_3(
+def test_offline_script_of_the_history_steps_from_version_1_to_2_to_3_to_4(
     history_project: HostProject, new_db: Callable[[], str], create_all_snapshot: Snapshot
 ) -> None:
     script, by_psql = _run_offline_script(history_project, new_db)
@@ -65,16 +70,23 @@ def test_offline_script_of_the_history_steps_from_version_1_to_2_to_3(
         "DROP CONSTRAINT sqla_queue_job_executions_job_fk;"
     )
     now_v3 = "COMMENT ON TABLE work.sqla_queue_job_executions IS 'sqla_queue schema version 3';"
-    # 0002 creates version 1 as released; 0003 then steps it to version 2, and 0004 to 3.
+    stepped_to_4 = "ALTER TABLE work.sqla_queue_jobs ADD COLUMN unique_key TEXT,"
+    keys_table = "CREATE TABLE work.sqla_queue_unique_keys ("
+    now_v4 = "COMMENT ON TABLE work.sqla_queue_job_executions IS 'sqla_queue schema version 4';"
+    # 0002 creates version 1 as released; 0003 then steps it to version 2, 0004 to 3 and
+    # 0005 to 4.
     assert (
         script.index(created_v1)
         < script.index(stepped)
         < script.index(now_v2)
         < script.index(stepped_again)
         < script.index(now_v3)
+        < script.index(stepped_to_4)
+        < script.index(keys_table)
+        < script.index(now_v4)
     )
     last_comment = script.rindex("COMMENT ON TABLE work.sqla_queue_job_executions")
-    assert last_comment == script.index(now_v3)
+    assert last_comment == script.index(now_v4)
     _assert_same_schemas(history_project, by_psql, create_all_snapshot)
 
 

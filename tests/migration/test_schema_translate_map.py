@@ -31,7 +31,12 @@ from sqla_queue import Queue
 pytestmark = pytest.mark.migration
 
 PLACEHOLDER = "tenant"
-QUEUE_TABLES = {"sqla_queue_jobs", "sqla_queue_job_executions", "sqla_queue_task_limits"}
+QUEUE_TABLES = {
+    "sqla_queue_jobs",
+    "sqla_queue_job_executions",
+    "sqla_queue_task_limits",
+    "sqla_queue_unique_keys",
+}
 
 
 def _tenant_queue() -> Queue:

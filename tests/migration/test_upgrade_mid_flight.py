@@ -1,4 +1,4 @@
-"""A live install moved from schema version 1 to 2 and then to 3 with Alembic, mid-flight.
+"""A live install moved from schema version 1 to 2, 3 and 4 with Alembic, mid-flight.
 
 The host app's history up to revision 0002 created the queue at version 1. Workers of the
 version-1 release (``tests/migration/v1_worker``: that release's own claim and completion
@@ -10,18 +10,25 @@ SQL) are running jobs when the committed revision 0003 steps the queue to versio
 
 Then workers of the version-2 release (``tests/migration/v2_worker``, likewise) run keyed
 jobs too, with later jobs of their keys queued behind them as version 2 wrote them
-(``pending``). The library is upgraded to the version-3 release: autogenerate writes the
-step from 2 to 3, exactly as committed in revision 0004, ``alembic upgrade head`` runs it
-while the executions of both old releases are still running, and:
+(``pending``), when the committed revision 0004 steps the queue to version 3, and:
 
 * every row survives the step unchanged;
-* the old workers keep going: both claim and complete with their own SQL after the step, a
-  version-2 worker still takes its keys in order, and it never claims a job that the
-  version-3 library enqueued as ``waiting``, even one with nothing left ahead of it;
-* the count gate covers the slot-less executions of the version-1 workers, so a version-3
+* both old releases keep going with their own SQL, and a version-2 worker still takes its
+  keys in order.
+
+The version-3 release then deploys: its producers write a key's later jobs ``waiting``, and
+its workers (``tests/migration/v3_worker``) run jobs too. A version-2 worker never claims a
+waiting job, even one whose predecessor it finished and that has nothing left ahead. The
+library is upgraded to the version-4 release: autogenerate writes the step from 3 to 4,
+exactly as committed in revision 0005, ``alembic upgrade head`` runs it while the
+executions of all three old releases are still running, and:
+
+* every row survives the step unchanged, and the new columns hold their defaults;
+* the old workers keep going: all three claim and complete with their own SQL after it;
+* the count gate covers the slot-less executions of the version-1 workers, so a version-4
   worker stays within the task's limit of 2 while they run, and takes capacity slots once
   they are done;
-* a version-3 worker never runs a key while a version-2 worker holds it, promotes (by its
+* a version-4 worker never runs a key while a version-2 worker holds it, promotes (by its
   sweep) the waiting job whose predecessor a version-2 worker finished, runs each key's
   jobs one at a time in ``(execute_at, id)`` order, and drains everything else, including
   an execution of a dead version-1 worker.
@@ -41,24 +48,41 @@ from sqlalchemy import Connection, text
 from sqlalchemy.orm import sessionmaker
 
 from sqla_queue.core.payload import make_payload
-from sqla_queue.schema.verify import find_missing
+from sqla_queue.schema.verify import find_missing, inspect_schema
 from tests.migration.conftest import HOSTAPP_MIGRATIONS, HostProject, engine_for
-from tests.migration.hostapp.models import REPORT_LIMIT, queue, sync_customer
+from tests.migration.hostapp.models import REPORT_LIMIT, queue
 from tests.migration.v1_worker import V1Worker
 from tests.migration.v2_worker import V2Worker
+from tests.migration.v3_worker import V3Worker
 
 pytestmark = pytest.mark.migration
 
 COMMITTED_0003 = HOSTAPP_MIGRATIONS / "versions" / "0003_upgrade_sqla_queue_to_v2.py"
 COMMITTED_0004 = HOSTAPP_MIGRATIONS / "versions" / "0004_upgrade_sqla_queue_to_v3.py"
+COMMITTED_0005 = HOSTAPP_MIGRATIONS / "versions" / "0005_upgrade_sqla_queue_to_v4.py"
 
 WHERE = "schema='work', prefix='sqla_queue_'"
 
-# What a version-2 database lacks that version 3 needs (the worker checks for these).
+# What an older database lacks that each version needs, as the worker's check lists it.
 ADDED_BY_VERSION_3 = {
-    "sqla_queue_job_executions_queue_active_ix",
-    "sqla_queue_job_executions_waiting_ix",
-    "sqla_queue_job_executions_done_ix",
+    "index work.sqla_queue_job_executions_queue_active_ix (on sqla_queue_job_executions)",
+    "index work.sqla_queue_job_executions_waiting_ix (on sqla_queue_job_executions)",
+    "index work.sqla_queue_job_executions_done_ix (on sqla_queue_job_executions)",
+}
+ADDED_BY_VERSION_4 = {
+    "column work.sqla_queue_jobs.unique_key",
+    "column work.sqla_queue_jobs.about_table",
+    "column work.sqla_queue_jobs.about_key",
+    "column work.sqla_queue_jobs.awaited",
+    "column work.sqla_queue_job_executions.cancel_requested",
+    "index work.sqla_queue_jobs_about_ix (on sqla_queue_jobs)",
+    "index work.sqla_queue_jobs_unique_key_ix (on sqla_queue_jobs)",
+    "table work.sqla_queue_unique_keys (with its columns, indexes and constraints)",
+}
+# The columns version 4 adds, with the value every row written before it must hold.
+VERSION_4_DEFAULTS: dict[str, dict[str, Any]] = {
+    "job": {"unique_key": None, "about_table": None, "about_key": None, "awaited": False},
+    "execution": {"cancel_requested": False},
 }
 
 # Every column that version 1 has: none of them may change in the step to 2.
@@ -73,6 +97,11 @@ _ROWS_V2 = text(
     "SELECT j.*, e.* FROM work.sqla_queue_jobs j "
     "LEFT JOIN work.sqla_queue_job_executions e ON e.id = j.id ORDER BY j.id"
 )
+# Every column of both tables, by name (version 4 adds columns to both).
+_ROWS_BY_NAME = text(
+    "SELECT to_jsonb(j) AS job, to_jsonb(e) AS execution FROM work.sqla_queue_jobs j "
+    "LEFT JOIN work.sqla_queue_job_executions e ON e.id = j.id ORDER BY j.id"
+)
 _STATES = text(
     "SELECT j.id, j.status, e.state, e.slot FROM work.sqla_queue_jobs j "
     "LEFT JOIN work.sqla_queue_job_executions e ON e.id = j.id ORDER BY j.id"
@@ -84,8 +113,9 @@ _INSERT_JOB = text(
     "CASE WHEN :status = 'succeeded' THEN now() END)"
 )
 _INSERT_EXECUTION = text(
-    "INSERT INTO work.sqla_queue_job_executions (id, task, priority, queue_id, execute_at) "
-    "VALUES (:id, :task, :priority, :queue_id, now() - make_interval(secs => :ago))"
+    "INSERT INTO work.sqla_queue_job_executions (id, task, priority, queue_id, state, "
+    "execute_at) VALUES (:id, :task, :priority, :queue_id, :state, "
+    "now() - make_interval(secs => :ago))"
 )
 # The library's enqueue takes ids from the identity; the rows written by hand above gave
 # theirs explicitly, so move the identity past them, as the library's own enqueues had.
@@ -131,8 +161,9 @@ def _insert(
     status: str = "queued",
     queue_id: str | None = None,
     ago: float = 60.0,
+    state: str = "pending",
 ) -> None:
-    """One job as the old library wrote it, and its pending execution unless it finished."""
+    """One job as the old library wrote it, and its execution (``state``) unless it finished."""
     connection.execute(
         _INSERT_JOB,
         {
@@ -146,7 +177,14 @@ def _insert(
     if status == "queued":
         connection.execute(
             _INSERT_EXECUTION,
-            {"id": job_id, "task": task, "priority": priority, "queue_id": queue_id, "ago": ago},
+            {
+                "id": job_id,
+                "task": task,
+                "priority": priority,
+                "queue_id": queue_id,
+                "state": state,
+                "ago": ago,
+            },
         )
 
 
@@ -170,20 +208,51 @@ def _enqueue_as_version_2(connection: Connection) -> None:
     connection.execute(_ADVANCE_IDS)
 
 
+def _enqueue_as_version_3(connection: Connection) -> None:
+    """What the version-3 library added: two keyed jobs behind earlier jobs of their keys
+    (``waiting``, as it wrote them: 17 behind 16, which a version-2 worker runs, and 18
+    behind customer-1's queue), and four mails."""
+    _insert(connection, 17, "sync_customer", [17], queue_id="customer-2", ago=0, state="waiting")
+    _insert(connection, 18, "sync_customer", [18], queue_id="customer-1", ago=0, state="waiting")
+    for n in (19, 20, 21, 22):
+        _insert(connection, n, "mail_invoice", [n], ago=30)
+    connection.execute(_ADVANCE_IDS)
+
+
 def _states(connection: Connection) -> dict[int, tuple[Any, ...]]:
     return {row.id: (row.status, row.state, row.slot) for row in connection.execute(_STATES)}
 
 
-def _missing_names(connection: Connection) -> tuple[set[str], int | None]:
-    missing, version = find_missing(connection, queue.tables)
-    return {m.name for m in missing}, version
+def _missing(connection: Connection) -> tuple[set[str], int | None]:
+    """What the worker's check would list, and the version the database records."""
+    report = inspect_schema(connection, queue.tables)
+    return set(report.problems("work")), report.version
 
 
-def test_a_live_install_upgrades_from_version_1_to_2_to_3_mid_flight(
-    v2_history_project: HostProject,
+def _rows_by_name(connection: Connection) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    return [(row.job, row.execution) for row in connection.execute(_ROWS_BY_NAME)]
+
+
+def _without_version_4(
+    rows: list[tuple[dict[str, Any], dict[str, Any] | None]],
+) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """``rows`` without the columns version 4 added, after checking they hold defaults."""
+    kept: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+    for job, execution in rows:
+        added = {name: job.pop(name) for name in VERSION_4_DEFAULTS["job"]}
+        assert added == VERSION_4_DEFAULTS["job"], job
+        if execution is not None:
+            added = {name: execution.pop(name) for name in VERSION_4_DEFAULTS["execution"]}
+            assert added == VERSION_4_DEFAULTS["execution"], execution
+        kept.append((job, execution))
+    return kept
+
+
+def test_a_live_install_upgrades_from_version_1_to_2_to_3_to_4_mid_flight(
+    v3_history_project: HostProject,
 ) -> None:
-    project = v2_history_project
-    assert [p.name[:4] for p in project.revision_files()] == ["0001", "0002", "0003"]
+    project = v3_history_project
+    assert [p.name[:4] for p in project.revision_files()] == ["0001", "0002", "0003", "0004"]
     config = project.config()
     command.upgrade(config, "0002")  # op.create_queue(..., version=1)
     engine = engine_for(project.url)
@@ -214,8 +283,8 @@ def test_a_live_install_upgrades_from_version_1_to_2_to_3_mid_flight(
 
     syncer = V2Worker()
     with engine.begin() as connection:
-        # Version 2, complete but for what version 3 adds.
-        assert _missing_names(connection) == (ADDED_BY_VERSION_3, 2)
+        # Version 2, complete but for what versions 3 and 4 add.
+        assert _missing(connection) == (ADDED_BY_VERSION_3 | ADDED_BY_VERSION_4, 2)
         assert connection.execute(_ROWS_V1).all() == before_v2
         slots = connection.execute(text("SELECT slot FROM work.sqla_queue_job_executions"))
         assert set(slots.scalars()) == {None}
@@ -233,23 +302,16 @@ def test_a_live_install_upgrades_from_version_1_to_2_to_3_mid_flight(
         before_v3 = connection.execute(_ROWS_V2).all()
     by_id = {c.id: c for c in heads}
 
-    # The library is now the version-3 release: autogenerate writes the step, as committed.
-    command.revision(config, autogenerate=True, message="upgrade sqla_queue", rev_id="0004")
-    [generated] = [p for p in project.revision_files() if p.name.startswith("0004")]
-    assert (
-        op_calls(generated)
-        == op_calls(COMMITTED_0004)
-        == {
-            "upgrade": [f"op.upgrade_queue(from_version=2, to_version=3, {WHERE})"],
-            "downgrade": [f"op.upgrade_queue(from_version=3, to_version=2, {WHERE})"],
-        }
-    )
+    # The step to version 3 is the committed revision, written when the library moved to 3.
+    assert op_calls(COMMITTED_0004) == {
+        "upgrade": [f"op.upgrade_queue(from_version=2, to_version=3, {WHERE})"],
+        "downgrade": [f"op.upgrade_queue(from_version=3, to_version=2, {WHERE})"],
+    }
+    project.alembic("upgrade", "0004")
 
-    project.alembic("upgrade", "head")
-
-    SessionLocal = sessionmaker(engine)
+    sender = V3Worker()
     with engine.begin() as connection:
-        assert find_missing(connection, queue.tables) == ([], 3)
+        assert _missing(connection) == (ADDED_BY_VERSION_4, 3)
         assert connection.execute(_ROWS_V2).all() == before_v3
         slots = connection.execute(text("SELECT slot FROM work.sqla_queue_job_executions"))
         assert set(slots.scalars()) == {None}
@@ -263,26 +325,55 @@ def test_a_live_install_upgrades_from_version_1_to_2_to_3_mid_flight(
         assert next_head.id == 13
         assert syncer.succeed(connection, [next_head], result="done by version 2") == [13]
 
-    # The version-3 code is deploying: its enqueues put a key's later jobs in `waiting`.
-    with SessionLocal.begin() as session:
-        behind_a_version_2_worker = sync_customer.options(queue_id="customer-2").enqueue(
-            session, 17
-        )
-        behind_pending_jobs = sync_customer.options(queue_id="customer-1").enqueue(session, 18)
-    assert (behind_a_version_2_worker, behind_pending_jobs) == (17, 18)
-
-    with engine.begin() as connection:
-        states = _states(connection)
-        assert states[17] == states[18] == ("queued", "waiting", None)
+        # The version-3 release deploys: its producers put a key's later jobs in `waiting`.
+        _enqueue_as_version_3(connection)
         # A version-2 worker finishes the job that 17 waits for; it knows nothing of
         # waiting jobs, so 17 stays waiting, with nothing left ahead of it.
         assert syncer.succeed(connection, [by_id[16]], result="done by version 2") == [16]
         # It never claims a waiting job: it takes customer-1's head and holds it.
         [held] = syncer.claim(connection, ["sync_customer"], batch=10)
         assert held.id == 15
+        # Its workers run the mails.
+        sent = sender.claim(connection, ["mail_invoice"], batch=2)
+        assert sorted(c.id for c in sent) == [19, 20]
         states = _states(connection)
-        assert states[17] == ("queued", "waiting", None)
+        assert states[17] == states[18] == ("queued", "waiting", None)
         assert states[15] == ("queued", "running", None)
+        before_v4 = _rows_by_name(connection)
+
+    # The library is now the version-4 release: autogenerate writes the step, as committed.
+    command.revision(config, autogenerate=True, message="upgrade sqla_queue", rev_id="0005")
+    [generated] = [p for p in project.revision_files() if p.name.startswith("0005")]
+    assert (
+        op_calls(generated)
+        == op_calls(COMMITTED_0005)
+        == {
+            "upgrade": [f"op.upgrade_queue(from_version=3, to_version=4, {WHERE})"],
+            "downgrade": [f"op.upgrade_queue(from_version=4, to_version=3, {WHERE})"],
+        }
+    )
+
+    project.alembic("upgrade", "head")
+
+    SessionLocal = sessionmaker(engine)
+    with engine.begin() as connection:
+        assert find_missing(connection, queue.tables) == ([], 4)
+        assert _without_version_4(_rows_by_name(connection)) == before_v4
+        keys = connection.execute(text("SELECT count(*) FROM work.sqla_queue_unique_keys"))
+        assert keys.scalar_one() == 0
+        # All three old releases keep going after the step, with their own SQL.
+        [mail] = mailer.claim(connection, ["mail_invoice"], batch=1)
+        assert mail.id == 21
+        assert mailer.succeed(connection, [mail], result=21) == [21]
+        assert sender.succeed(connection, sent, result="done by version 3") == [19, 20]
+        [mail] = sender.claim(connection, ["mail_invoice"], batch=2)
+        assert mail.id == 22
+        assert sender.succeed(connection, [mail], result="done by version 3") == [22]
+        # A version-2 worker still claims nothing out of turn: customer-1 is its own
+        # (15 runs) and 17 is waiting, with nothing ahead of it.
+        assert syncer.claim(connection, ["sync_customer"], batch=10) == []
+        states = _states(connection)
+        assert states[17] == states[18] == ("queued", "waiting", None)
 
     def run_new_worker() -> None:
         # More threads than the limit: only the database's gate can keep reports at 2.
@@ -313,17 +404,13 @@ def test_a_live_install_upgrades_from_version_1_to_2_to_3_mid_flight(
     with engine.connect() as connection:
         states = _states(connection)
         results: dict[int, Any] = dict(
-            connection.execute(
-                text(
-                    "SELECT id, result FROM work.sqla_queue_jobs "
-                    "WHERE task IN ('render_report', 'sync_customer')"
-                )
-            ).all()
+            connection.execute(text("SELECT id, result FROM work.sqla_queue_jobs")).all()
         )
     engine.dispose()
 
-    assert states == dict.fromkeys(range(1, 19), ("succeeded", None, None)), "a job was lost"
+    assert states == dict.fromkeys(range(1, 23), ("succeeded", None, None)), "a job was lost"
     assert results[2] == results[3] == "done by version 1"
+    assert all(results[n] == "done by version 3" for n in (19, 20, 22))
     reports = [results[n] for n in range(4, 8)]
     assert sorted(r["report_id"] for r in reports) == [4, 5, 6, 7]
     assert {r["slot"] for r in reports} == set(range(REPORT_LIMIT))

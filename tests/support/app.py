@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
+import threading
 import time
 from typing import Any
 
@@ -15,7 +16,7 @@ from sqlalchemy import BigInteger, DateTime, Integer, String, Text, func, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from sqla_queue import JobContext, Queue, RetryPolicy
+from sqla_queue import JobContext, Queue, Reschedule, RetryPolicy
 
 QUEUE_SCHEMA = "app_jobs"
 
@@ -276,3 +277,211 @@ async def sleepy_async(
     )
     await session.commit()
     return "done"
+
+
+# -- issue 14: unique jobs, cancel, results, transactional handlers, linked rows -------------
+#
+# The lifecycle tests run their workers in threads of the test process, so a handler and its
+# test can meet on a :class:`Gate`: the handler says it entered, then waits until the test
+# opens the gate (or until its job is cancelled, or a bound passes: a test never hangs).
+
+#: How long a gated handler waits at most before it gives up (and its test fails).
+GATE_TIMEOUT = 15.0
+
+
+class Gate:
+    """Where a handler and its test meet: ``entered`` by the handler, ``opened`` by the test."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.opened = threading.Event()
+        #: What the handler saw of its job's cancel request when it stopped waiting.
+        self.saw_cancel: bool | None = None
+
+    def open(self) -> None:
+        self.opened.set()
+
+
+_GATES: dict[str, Gate] = {}
+_GATES_LOCK = threading.Lock()
+
+
+def gate(name: str) -> Gate:
+    """The gate called ``name`` (made on first use, shared by the test and the handler)."""
+    with _GATES_LOCK:
+        return _GATES.setdefault(name, Gate())
+
+
+def reset_gates() -> None:
+    """Open every gate (so no handler stays parked) and forget them all."""
+    with _GATES_LOCK:
+        gates = list(_GATES.values())
+        _GATES.clear()
+    for each in gates:
+        each.open()
+
+
+class OrderLine(Base):
+    """A business row with a composite primary key, for jobs linked to such rows."""
+
+    __tablename__ = "order_lines"
+
+    order_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    line_no: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sku: Mapped[str] = mapped_column(String(50))
+
+
+#: ``order.jobs``: the jobs enqueued with ``about=order`` (a read-only relationship).
+Order.jobs = queue.about_relationship(Order, order_by=queue.Job.id)
+
+
+@queue.task(name="echo")
+def echo(value: Any = None) -> Any:
+    """Return the argument: the job's result is its payload, for unique and result tests."""
+    return value
+
+
+#: Quick retries for the lifecycle tasks: a retried attempt shows at once.
+QUICK_RETRY = RetryPolicy(min_delay=0.05, max_delay=0.05, jitter=0.0)
+
+
+@queue.task(name="gated", pass_context=True, max_attempts=3, retry=QUICK_RETRY)
+def gated(
+    ctx: JobContext[Session],
+    name: str,
+    until: str = "gate",
+    then: str = "return",
+    value: Any = None,
+) -> Any:
+    """Enter ``gate(name)``, wait, then return ``value`` (``then="return"``) or raise.
+
+    ``until="gate"`` waits for the test to open the gate and ignores any cancel request;
+    ``until="cancel"`` waits for the worker to deliver the job's cancel request (a
+    cooperative handler polling ``ctx.cancel_requested``). Three attempts: a job that ends
+    after a raise without being retried was not retried on purpose.
+    """
+    here = gate(name)
+    here.entered.set()
+    deadline = time.monotonic() + GATE_TIMEOUT
+    while time.monotonic() < deadline:
+        if until == "cancel" and ctx.cancel_requested:
+            break
+        if until == "gate" and here.opened.wait(0.01):
+            break
+        time.sleep(0.01)
+    else:
+        return "gate timed out"
+    here.saw_cancel = ctx.cancel_requested
+    if then == "raise":
+        raise RuntimeError(f"{name}: raised on purpose")
+    return value
+
+
+@queue.task(name="gated_async", pass_context=True, max_attempts=3, retry=QUICK_RETRY)
+async def gated_async(
+    ctx: JobContext[AsyncSession],
+    name: str,
+    until: str = "gate",
+    then: str = "return",
+    value: Any = None,
+) -> Any:
+    """The async twin of :func:`gated`.
+
+    ``until="sleep"`` just awaits a long sleep: only the cancellation of the handler's task
+    (the job's cancel request) ends it early. ``until="event"`` shields itself from that
+    cancellation and awaits ``ctx.cancel_event`` instead.
+    """
+    here = gate(name)
+    here.entered.set()
+    if until == "sleep":
+        await asyncio.sleep(GATE_TIMEOUT)
+        return "slept through"
+    if until == "event":
+        try:
+            await asyncio.wait_for(asyncio.shield(ctx.cancel_event.wait()), GATE_TIMEOUT)
+        except asyncio.CancelledError:
+            await asyncio.wait_for(ctx.cancel_event.wait(), GATE_TIMEOUT)
+    else:
+        deadline = time.monotonic() + GATE_TIMEOUT
+        while not here.opened.is_set():
+            if time.monotonic() > deadline:
+                return "gate timed out"
+            await asyncio.sleep(0.01)
+    here.saw_cancel = ctx.cancel_requested
+    if then == "raise":
+        raise RuntimeError(f"{name}: raised on purpose")
+    return value
+
+
+@queue.task(
+    name="tx_write",
+    pass_context=True,
+    transactional=True,
+    max_attempts=2,
+    retry=QUICK_RETRY,
+)
+def tx_write(
+    ctx: JobContext[Session],
+    value: str,
+    fail_attempts: int = 0,
+    child: bool = False,
+    gate_name: str | None = None,
+    reschedule: bool = False,
+) -> Any:
+    """Write the job's ``results`` row (and maybe a child job) through ``ctx.session``,
+    uncommitted: the worker commits it with the job's completion, or rolls it back.
+
+    Fails its first ``fail_attempts`` attempts after writing; with ``gate_name``, waits at
+    that gate after writing, before returning; with ``reschedule``, returns a
+    ``Reschedule`` an hour away (committed with the write, as a success is).
+    """
+    session = ctx.session
+    session.add(Result(job_id=ctx.job_id, value=f"{value}@{ctx.attempt}"))
+    session.flush()
+    if child:
+        echo.enqueue(session, value=f"child of {ctx.job_id}")
+    if gate_name is not None:
+        here = gate(gate_name)
+        here.entered.set()
+        deadline = time.monotonic() + GATE_TIMEOUT
+        while not here.opened.wait(0.01) and time.monotonic() < deadline:
+            here.saw_cancel = ctx.cancel_requested
+    if ctx.attempt <= fail_attempts:
+        raise RuntimeError(f"attempt {ctx.attempt} fails after writing")
+    if reschedule:
+        return Reschedule(in_=3600)
+    return value
+
+
+@queue.task(
+    name="tx_write_async",
+    pass_context=True,
+    transactional=True,
+    max_attempts=2,
+    retry=QUICK_RETRY,
+)
+async def tx_write_async(
+    ctx: JobContext[AsyncSession],
+    value: str,
+    fail_attempts: int = 0,
+    child: bool = False,
+    gate_name: str | None = None,
+    reschedule: bool = False,
+) -> Any:
+    """The async twin of :func:`tx_write`, through an ``AsyncSession``."""
+    session = ctx.session
+    session.add(Result(job_id=ctx.job_id, value=f"{value}@{ctx.attempt}"))
+    await session.flush()
+    if child:
+        await echo.enqueue(session, value=f"child of {ctx.job_id}")
+    if gate_name is not None:
+        here = gate(gate_name)
+        here.entered.set()
+        deadline = time.monotonic() + GATE_TIMEOUT
+        while not here.opened.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+    if ctx.attempt <= fail_attempts:
+        raise RuntimeError(f"attempt {ctx.attempt} fails after writing")
+    if reschedule:
+        return Reschedule(in_=3600)
+    return value

@@ -42,7 +42,13 @@ def target(version: int = SCHEMA_VERSION, schema: str | None = "work") -> QueueT
     """A queue whose model wants ``version``."""
     tables = build_tables(MetaData(), schema=schema)
     return QueueTarget(
-        tables.jobs, tables.executions, tables.limits, schema, tables.prefix, version
+        tables.jobs,
+        tables.executions,
+        tables.limits,
+        tables.unique_keys,
+        schema,
+        tables.prefix,
+        version,
     )
 
 
@@ -63,6 +69,7 @@ def test_queues_are_found_through_metadata_info() -> None:
     assert found[0].jobs is a.jobs and found[1].executions is b.executions
     assert found[0].limits is a.limits and found[1].limits is b.limits
     assert found[0].tables.limits is a.limits
+    assert found[0].unique_keys is a.unique_keys and found[1].tables.unique_keys is b.unique_keys
     assert find_queues(None) == []
     assert find_queues(MetaData()) == []
 
@@ -70,17 +77,22 @@ def test_queues_are_found_through_metadata_info() -> None:
 def test_tables_copied_to_another_metadata_are_found_by_their_tags() -> None:
     tables = build_tables(MetaData(), schema="work")
     copy = MetaData()
-    for table in (tables.jobs, tables.executions, tables.limits):
+    for table in (tables.jobs, tables.executions, tables.limits, tables.unique_keys):
         table.to_metadata(copy)
     lonely = MetaData()
     tables.jobs.to_metadata(lonely)  # part of a queue is not a queue
     tables.executions.to_metadata(lonely)
+    short = MetaData()  # nor are the three tables of version 3 without the fourth
+    for table in (tables.jobs, tables.executions, tables.limits):
+        table.to_metadata(short)
 
     [found] = find_queues([copy, lonely])
+    assert find_queues(short) == []
 
     assert (found.schema, found.prefix, found.version) == ("work", "sqla_queue_", SCHEMA_VERSION)
     assert found.jobs is copy.tables["work.sqla_queue_jobs"]
     assert found.limits is copy.tables["work.sqla_queue_task_limits"]
+    assert found.unique_keys is copy.tables["work.sqla_queue_unique_keys"]
 
 
 def test_the_target_version_comes_from_the_model() -> None:
@@ -105,11 +117,11 @@ def test_older_version_means_upgrade_from_there() -> None:
     assert plan_queue_op(target(3), 1) == UpgradeQueueOp(1, 3, "work", "sqla_queue_")
 
 
-@pytest.mark.parametrize("db_version", [1, 2])
+@pytest.mark.parametrize("db_version", [1, 2, 3])
 def test_an_older_database_under_the_current_model_gets_the_real_step(db_version: int) -> None:
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
     assert plan_queue_op(target(), db_version) == UpgradeQueueOp(
-        db_version, 3, "work", "sqla_queue_"
+        db_version, 4, "work", "sqla_queue_"
     )
 
 
@@ -120,6 +132,7 @@ def test_an_older_database_under_the_current_model_gets_the_real_step(db_version
         (0, ["sqla_queue_jobs"], "no schema version comment"),
         (None, ["sqla_queue_jobs"], "sqla_queue_jobs found .* half-installed"),
         (None, ["sqla_queue_task_limits"], "sqla_queue_task_limits found .* half-installed"),
+        (None, ["sqla_queue_unique_keys"], "sqla_queue_unique_keys found .* half-installed"),
     ],
 )
 def test_odd_databases_are_left_alone_with_a_warning(
@@ -141,6 +154,7 @@ def _alembic_proposals() -> tuple[UpgradeOps, set[tuple[str | None, str]]]:
         CreateTableOp.from_table(queue.jobs),
         CreateTableOp.from_table(host),
         CreateTableOp.from_table(queue.limits),
+        CreateTableOp.from_table(queue.unique_keys),
         ModifyTableOps(
             "sqla_queue_job_executions",
             [AddColumnOp("sqla_queue_job_executions", Column("x", Integer))],
@@ -155,13 +169,14 @@ def _alembic_proposals() -> tuple[UpgradeOps, set[tuple[str | None, str]]]:
         (None, "sqla_queue_jobs"),
         (None, "sqla_queue_job_executions"),
         (None, "sqla_queue_task_limits"),
+        (None, "sqla_queue_unique_keys"),
     }
     return UpgradeOps(ops=ops), owned
 
 
 def test_alembic_proposals_for_queue_tables_give_way_to_the_queue_op() -> None:
     upgrade_ops, owned = _alembic_proposals()
-    create = CreateQueueOp("public", "sqla_queue_", version=2)
+    create = CreateQueueOp("public", "sqla_queue_", version=4)
 
     rewrite_upgrade_ops(upgrade_ops, [create], owned, default_schema="public")
 
@@ -190,6 +205,22 @@ def test_dropping_both_version_1_tables_becomes_one_drop_queue_at_the_end() -> N
 
     assert [type(op) for op in upgrade_ops.ops] == [DropTableOp, DropQueueOp]
     assert upgrade_ops.ops[-1] == DropQueueOp("work", "q_", version=1)
+
+
+def test_dropping_all_four_version_4_tables_becomes_one_drop_queue() -> None:
+    """drop_queue(version=4) drops unique_keys too: no drop_table of it may stay behind."""
+    upgrade_ops = UpgradeOps(
+        ops=[
+            _dropped("q_unique_keys", "work", "sqla_queue: unique job keys"),
+            _dropped("q_task_limits", "work", None),
+            _dropped("q_job_executions", "work", "sqla_queue schema version 4"),
+            _dropped("q_jobs", "work", None),
+        ]
+    )
+
+    rewrite_upgrade_ops(upgrade_ops, [], set(), default_schema="public")
+
+    assert upgrade_ops.ops == [DropQueueOp("work", "q_", version=4)]
 
 
 def test_dropping_all_three_version_2_tables_becomes_one_drop_queue() -> None:
@@ -221,6 +252,12 @@ def test_dropping_all_three_version_2_tables_becomes_one_drop_queue() -> None:
         [
             _dropped("q_job_executions", None, "sqla_queue schema version 2"),
             _dropped("q_jobs", None, None),
+        ],
+        # Version 4 has four tables; a filter keeps unique_keys, so drop_queue cannot run.
+        [
+            _dropped("q_job_executions", None, "sqla_queue schema version 4"),
+            _dropped("q_jobs", None, None),
+            _dropped("q_task_limits", None, None),
         ],
         # A version this library does not know: which tables it has is unknown.
         [

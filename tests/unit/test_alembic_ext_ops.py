@@ -185,6 +185,8 @@ def test_identifiers_in_the_frozen_sql_are_quoted_by_postgresql_rules() -> None:
 def test_each_release_knows_its_tables() -> None:
     assert versions.table_suffixes(1) == ("jobs", "job_executions")
     assert versions.table_suffixes(2) == ("jobs", "job_executions", "task_limits")
+    assert versions.table_suffixes(3) == versions.table_suffixes(2)
+    assert versions.table_suffixes(4) == ("jobs", "job_executions", "task_limits", "unique_keys")
     with pytest.raises(UnknownSchemaVersionError):
         versions.table_suffixes(99)
 
@@ -216,6 +218,59 @@ def test_version_2_and_its_step_are_frozen() -> None:
 FROZEN_V2_SHA256 = "323ba5b371c050c6ffa0d33d162fbd52cb2624518a08d5b57537b8d31e14b66a"
 
 
+def test_version_3_and_its_step_are_frozen() -> None:
+    """The same tripwire for version 3 as released: its create, drop and the 2-3 step."""
+    text = "\n".join(
+        versions.create_statements(3, "s", "p_")
+        + versions.drop_statements(3, "s", "p_")
+        + versions.migrate_statements(2, 3, "s", "p_")
+        + versions.migrate_statements(3, 2, "s", "p_")
+    )
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    assert digest == FROZEN_V3_SHA256, text
+
+
+FROZEN_V3_SHA256 = "c9a365806fd24e0c4ebf74026fd6e9f16064a03ab9906e098331f97cfaf54a06"
+
+
+def test_version_4_and_its_step_are_frozen() -> None:
+    """The same tripwire for version 4 as released: its create, drop and the 3-4 step."""
+    text = "\n".join(
+        versions.create_statements(4, "s", "p_")
+        + versions.drop_statements(4, "s", "p_")
+        + versions.migrate_statements(3, 4, "s", "p_")
+        + versions.migrate_statements(4, 3, "s", "p_")
+    )
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    assert digest == FROZEN_V4_SHA256, text
+
+
+FROZEN_V4_SHA256 = "6d377939f62ea2011653a257952a0a4aca99a9144aa626c8f251cdd26fc0f507"
+
+
+def test_each_version_is_the_previous_one_followed_by_the_step() -> None:
+    for version in versions.known_versions()[1:]:
+        assert versions.create_statements(version, "s", "p_") == (
+            versions.create_statements(version - 1, "s", "p_")
+            + versions.migrate_statements(version - 1, version, "s", "p_")
+        ), version
+    assert versions.drop_statements(4, None, "p_")[0] == "DROP TABLE p_unique_keys"
+    assert versions.drop_statements(4, None, "p_")[1:] == versions.drop_statements(3, None, "p_")
+
+
+def test_the_step_to_version_4_adds_columns_in_place_and_the_downgrade_drops_them() -> None:
+    up = versions.migrate_statements(3, 4, "user", "q_")
+    down = versions.migrate_statements(4, 3, "user", "q_")
+    assert up[0] == (
+        'ALTER TABLE "user".q_jobs ADD COLUMN unique_key TEXT, ADD COLUMN about_table TEXT, '
+        "ADD COLUMN about_key TEXT, ADD COLUMN awaited BOOLEAN DEFAULT false NOT NULL"
+    )
+    assert any(s.startswith('CREATE TABLE "user".q_unique_keys (') for s in up)
+    assert up[-1] == "COMMENT ON TABLE \"user\".q_job_executions IS 'sqla_queue schema version 4'"
+    assert down[0] == 'DROP TABLE "user".q_unique_keys'
+    assert down[-1] == "COMMENT ON TABLE \"user\".q_job_executions IS 'sqla_queue schema version 3'"
+
+
 def test_version_2_is_version_1_followed_by_the_step() -> None:
     assert versions.create_statements(2, "s", "p_") == (
         versions.create_statements(1, "s", "p_") + versions.migrate_statements(1, 2, "s", "p_")
@@ -244,5 +299,6 @@ def test_migrate_statements_walk_each_step_in_order(monkeypatch: pytest.MonkeyPa
     assert versions.migrate_statements(1, 3, "s", "p_") == [*up_1_2, "up 2-3 s.p_"]
     assert versions.migrate_statements(3, 1, "s", "p_") == ["down 2-3", *down_2_1]
     assert versions.migrate_statements(2, 2, "s", "p_") == []
-    with pytest.raises(UnknownSchemaVersionError, match="version 4"):
-        versions.migrate_statements(3, 4, "s", "p_")
+    beyond = versions.LATEST_VERSION + 1
+    with pytest.raises(UnknownSchemaVersionError, match=f"version {beyond}"):
+        versions.migrate_statements(3, beyond, "s", "p_")

@@ -54,8 +54,9 @@ def compile_enqueue(*, notify: bool, keyed: bool) -> SQLCompiler:
 
 
 def test_the_row_record_has_exactly_the_fields_the_statement_reads() -> None:
-    assert list(EnqueueRow.__annotations__) == list(ENQUEUE_ROW_FIELDS)
-    assert EnqueueRow.__required_keys__ == frozenset(ENQUEUE_ROW_FIELDS)
+    assert sorted(EnqueueRow.__annotations__) == sorted(ENQUEUE_ROW_FIELDS)
+    # The optional ones are exactly those a plain job leaves out (unique key, linked row).
+    assert EnqueueRow.__optional_keys__ == frozenset({"unique_key", "about_table", "about_key"})
 
 
 @pytest.mark.parametrize(("notify", "keyed"), SHAPES)
@@ -64,12 +65,25 @@ def test_the_row_fields_are_the_record_definition_in_the_sql(notify: bool, keyed
     found = re.search(r"jsonb_to_recordset\(.*?\) AS r\(([^)]*)\)", sql)
     assert found is not None, sql
     columns = [part.split()[0] for part in found.group(1).split(",")]
-    assert columns == list(EnqueueRow.__annotations__)
+    assert sorted(columns) == sorted(EnqueueRow.__annotations__)
 
 
 def test_an_encoded_row_has_the_record_keys() -> None:
     rows = json.loads(encode_one("t", [1], {"a": 2}, EnqueueOptions(), TaskDefaults(0, 1)))
-    assert [list(row) for row in rows] == [list(EnqueueRow.__annotations__)]
+    # A plain job's row carries the required keys only: the optional ones read as NULL.
+    required = [k for k in EnqueueRow.__annotations__ if k in EnqueueRow.__required_keys__]
+    assert [list(row) for row in rows] == [required]
+
+
+def test_an_encoded_row_with_every_option_has_every_record_key() -> None:
+    options = EnqueueOptions(unique_key="k", about=("orders", 7))
+    rows = json.loads(encode_one("t", [1], {"a": 2}, options, TaskDefaults(0, 1)))
+    assert [sorted(row) for row in rows] == [sorted(EnqueueRow.__annotations__)]
+    assert (rows[0]["unique_key"], rows[0]["about_table"], rows[0]["about_key"]) == (
+        "k",
+        "orders",
+        "7",
+    )
 
 
 # -- the parameter record ----------------------------------------------------------------

@@ -15,7 +15,7 @@ from sqla_queue.models import build_tables
 pytestmark = pytest.mark.unit
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
-DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
+DIALECT = postgresql.psycopg.dialect()  # the driver sqla_queue runs on: it casts binds
 
 
 def compiled(stmt: object) -> str:
@@ -136,7 +136,13 @@ def test_fences_in_complete(tables) -> None:
     assert sql.count(fence) == 3
     # A keyed execution is never deleted by the completion (an enqueue may hold it), and a
     # done row gives its seat up.
-    assert "o.kind IN ('succeeded', 'failed') AND app.q_job_executions.queue_id IS NULL" in sql
+    assert (
+        "o.kind IN ('succeeded', 'failed', 'cancelled') AND app.q_job_executions.queue_id IS NULL"
+        in sql
+    )
+    # A cancel request never sends an attempt back to pending: the requeue parks it instead,
+    # reading the flag from the row it locked (the branches split by kind, not by the flag).
+    assert "state=CASE WHEN app.q_job_executions.cancel_requested THEN 'done' ELSE 'pending'" in sql
     assert "SET state='done', worker_id=NULL, alive_at=NULL, slot=NULL" in sql
     assert "FOR UPDATE" not in sql
 

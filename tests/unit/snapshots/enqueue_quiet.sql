@@ -1,6 +1,6 @@
 WITH new_jobs AS 
-(INSERT INTO app.q_jobs (task, payload, priority, queue_id, max_attempts, scheduled_at) SELECT r.task AS task, r.payload AS payload, r.priority AS priority, r.queue_id AS queue_id, r.max_attempts AS max_attempts, coalesce(r.run_at, now() + coalesce(r.delay, %(coalesce_2)s) * interval '1 second') AS coalesce_1 
-FROM jsonb_to_recordset(CAST(%(rows)s::VARCHAR AS JSONB)) AS r(task TEXT, payload JSONB, priority INTEGER, queue_id TEXT, max_attempts INTEGER, run_at TIMESTAMP WITH TIME ZONE, delay DOUBLE PRECISION, seq INTEGER) ORDER BY r.seq RETURNING app.q_jobs.id, app.q_jobs.task, app.q_jobs.priority, app.q_jobs.queue_id, app.q_jobs.scheduled_at), 
+(INSERT INTO app.q_jobs (task, payload, priority, queue_id, max_attempts, scheduled_at, unique_key, about_table, about_key) SELECT r.task AS task, r.payload AS payload, r.priority AS priority, r.queue_id AS queue_id, r.max_attempts AS max_attempts, coalesce(r.run_at, now() + coalesce(r.delay, %(coalesce_2)s) * interval '1 second') AS coalesce_1, r.unique_key AS unique_key, r.about_table AS about_table, r.about_key AS about_key 
+FROM jsonb_to_recordset(CAST(%(rows)s::VARCHAR AS JSONB)) AS r(task TEXT, payload JSONB, priority INTEGER, queue_id TEXT, max_attempts INTEGER, run_at TIMESTAMP WITH TIME ZONE, delay DOUBLE PRECISION, seq INTEGER, unique_key TEXT, about_table TEXT, about_key TEXT) ORDER BY r.seq RETURNING app.q_jobs.id, app.q_jobs.task, app.q_jobs.priority, app.q_jobs.queue_id, app.q_jobs.scheduled_at), 
 keys AS 
 (SELECT DISTINCT new_jobs.queue_id AS queue_id 
 FROM new_jobs 

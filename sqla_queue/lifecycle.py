@@ -1,0 +1,361 @@
+"""Cancelling jobs and waiting for their results: the logic once, a face per I/O style.
+
+``queue.cancel`` is one statement (see :mod:`sqla_queue.statements.lifecycle`), committed
+at once on a connection of its own, never in the caller's transaction (see :func:`cancel`).
+``queue.result`` waits on a connection of its own too (a transaction's snapshot would never
+see the job finish): it marks the job awaited, so that its completion sends a NOTIFY, and
+then reads the job each time a notification for it arrives, or when a poll interval passes
+without one. A driver that cannot LISTEN (asyncpg through SQLAlchemy) only polls. The
+conversation is :func:`result_flow`, a generator without I/O; :func:`wait_sync` and
+:func:`wait_async` drive it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Generator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
+
+from sqla_queue._sqlstate import LOCK_NOT_AVAILABLE, sqlstate_of
+from sqla_queue.admin import check_job_ids
+from sqla_queue.core.times import check_delay
+from sqla_queue.errors import (
+    CancelBlockedError,
+    JobCancelledError,
+    JobFailedError,
+    JobNotFoundError,
+    ResultTimeoutError,
+)
+from sqla_queue.models.tables import JobStatus, QueueTables
+from sqla_queue.statements.lifecycle import (
+    CancelOutcome,
+    CancelParams,
+    JobParams,
+    await_statement,
+    cancel_statement,
+    job_outcome_statement,
+)
+
+__all__ = [
+    "CancelOutcome",
+    "ResultSource",
+    "cancel",
+    "check_timeout",
+    "is_async_source",
+    "result_flow",
+    "wait_async",
+    "wait_for",
+    "wait_sync",
+]
+
+#: What ``queue.result`` can open its own connection from.
+ResultSource = (
+    Engine
+    | Connection
+    | Session
+    | sessionmaker[Any]
+    | AsyncEngine
+    | AsyncConnection
+    | AsyncSession
+    | async_sessionmaker[Any]
+)
+
+#: Longest wait between two reads of a job when notifications arrive (a missed one, say
+#: across a reconnect, costs at most this), and the poll ceiling without them.
+LISTEN_POLL = 5.0
+POLL_FIRST, POLL_MAX = 0.05, 1.0
+
+
+def cancel(source: Any, tables: QueueTables, job_ids: Iterable[int]) -> Any:
+    """Cancel ``job_ids`` in a short transaction of its own; ``{id: CancelOutcome value}``.
+
+    ``source`` is what :func:`wait_for` takes (its engine is used; a coroutine for the
+    async kinds). Ids are checked before anything runs (whole numbers that fit ``bigint``).
+
+    The cancel commits at once, on its own connection, rather than in the caller's
+    transaction: it locks the executions it changes, and a worker must never wait for an
+    application's transaction (a running job's heartbeat and completion, or the promotion
+    of a key's next job, would wait for that lock until the caller committed). It does wait
+    for a transaction that has locked or changed those jobs' rows itself (a claim, a
+    completion, an app's ``UPDATE``), but at most :data:`CANCEL_LOCK_TIMEOUT`: called from
+    inside such a transaction, it would otherwise wait for its own caller forever. It then
+    raises :class:`~sqla_queue.CancelBlockedError` and changes nothing. An enqueue behind a
+    job of the same ``queue_id`` locks nothing it needs.
+    """
+    ids = check_job_ids(job_ids)
+    if is_async_source(source):
+        return _cancel_async(source, tables, ids)
+    engine = _sync_engine(source, "queue.cancel")  # a wrong source raises, ids or not
+    if not ids:
+        return {}
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql(_lock_timeout_sql())
+            rows = connection.execute(cancel_statement(tables), _params(ids)).all()
+    except DBAPIError as exc:
+        raise _blocked(exc, ids) from exc
+    return _cancel_outcomes(rows)
+
+
+async def _cancel_async(source: Any, tables: QueueTables, ids: list[int]) -> dict[int, str]:
+    engine = _async_engine(source)
+    if engine is None:
+        raise TypeError(f"queue.cancel: cannot open a connection from {source!r}")
+    if not ids:
+        return {}
+    try:
+        async with engine.begin() as connection:
+            await connection.exec_driver_sql(_lock_timeout_sql())
+            rows = (await connection.execute(cancel_statement(tables), _params(ids))).all()
+    except DBAPIError as exc:
+        raise _blocked(exc, ids) from exc
+    return _cancel_outcomes(rows)
+
+
+#: Longest wait, in seconds, of a cancel for a row lock (workers hold theirs for
+#: milliseconds; only a transaction of the caller's own would hold one for good).
+CANCEL_LOCK_TIMEOUT = 10
+
+
+def _lock_timeout_sql() -> str:
+    return f"SET LOCAL lock_timeout = '{float(CANCEL_LOCK_TIMEOUT)}s'"
+
+
+def _blocked(exc: DBAPIError, ids: list[int]) -> Exception:
+    if sqlstate_of(exc) != LOCK_NOT_AVAILABLE:
+        return exc
+    return CancelBlockedError(
+        f"cancel of jobs {ids} waited {CANCEL_LOCK_TIMEOUT:g}s for a row lock and gave up; "
+        "nothing was cancelled. A transaction holds those jobs' rows: if it is the caller's "
+        "own (it claimed, completed or updated them), commit it first."
+    )
+
+
+def _params(ids: list[int]) -> dict[str, Any]:
+    params: CancelParams = {"ids": ids}
+    return dict(params)
+
+
+def _cancel_outcomes(rows: Sequence[Any]) -> dict[int, str]:
+    return {int(row[0]): str(row[1]) for row in rows}
+
+
+def check_timeout(timeout: object) -> float | None:
+    """``timeout`` in seconds (``None``: wait as long as it takes)."""
+    if timeout is None:
+        return None
+    return check_delay("timeout", timeout)
+
+
+@dataclass
+class Wait:
+    """The flow asks its driver to wait up to ``seconds`` for a notification of ``job_id``
+    (or just to sleep, without LISTEN); it is sent back whether one came."""
+
+    seconds: float
+
+
+#: One step of :func:`result_flow`: a statement to run (its rows are sent back) or a wait.
+ResultStep = tuple[Any, dict[str, Any]] | Wait
+
+
+def result_flow(
+    tables: QueueTables,
+    job_id: int,
+    *,
+    timeout: float | None,
+    listening: bool,
+    clock: Callable[[], float] = time.monotonic,
+) -> Generator[ResultStep, Any, Any]:
+    """Wait for job ``job_id`` to finish; its result, or the exception that says why not.
+
+    Without I/O: yields statements (and is sent their rows) and :class:`Wait` steps (and is
+    sent whether a notification came). ``listening`` says whether the driver LISTENs on the
+    queue's ``finished_channel``; without it, the reads back off from 50 ms to a second.
+    """
+    deadline = None if timeout is None else clock() + timeout
+    params: JobParams = {"job_id": job_id}
+    yield await_statement(tables), dict(params)
+    poll = LISTEN_POLL if listening else POLL_FIRST
+    while True:
+        rows = yield job_outcome_statement(tables), dict(params)
+        if not rows:
+            raise JobNotFoundError(
+                f"no job has id {job_id}: never enqueued, pruned, or enqueued in a "
+                "transaction that has not committed yet (result() reads on its own "
+                "connection, so commit the enqueue first)",
+                job_id=job_id,
+            )
+        row = rows[0]
+        if row.status != JobStatus.QUEUED:
+            return _settled(job_id, row)
+        wait = poll
+        if deadline is not None:
+            left = deadline - clock()
+            if left <= 0:
+                state = "running" if row.state == "running" else "queued"
+                raise ResultTimeoutError(
+                    f"job {job_id} did not finish within {timeout:g}s; it is still {state}",
+                    job_id=job_id,
+                )
+            wait = min(wait, left)
+        yield Wait(wait)
+        if not listening:
+            poll = min(poll * 2, POLL_MAX)
+
+
+def _settled(job_id: int, row: Any) -> Any:
+    if row.status == JobStatus.SUCCEEDED:
+        return row.result
+    if row.status == JobStatus.CANCELLED:
+        raise JobCancelledError(f"job {job_id} was cancelled", job_id=job_id)
+    errors = list(row.errors or [])
+    last = errors[-1] if errors else None
+    what = (
+        f"{last.get('type', 'error')}: {last.get('message', '')}" if last else "no error recorded"
+    )
+    raise JobFailedError(f"job {job_id} failed: {what}", job_id=job_id, error=last, errors=errors)
+
+
+def _sync_engine(source: Any, caller: str = "queue.result") -> Engine:
+    if isinstance(source, Engine):
+        return source
+    if isinstance(source, Connection):
+        return source.engine
+    if isinstance(source, Session):
+        found = source.get_bind()
+        return found if isinstance(found, Engine) else found.engine
+    if isinstance(source, sessionmaker):
+        bind = source.kw.get("bind")
+        if bind is not None:
+            return _sync_engine(bind, caller)
+    raise TypeError(
+        f"{caller} needs something to open a connection from: an Engine, Connection, "
+        f"Session or sessionmaker bound to an engine (or their async twins), got {source!r}"
+    )
+
+
+def _async_engine(source: Any) -> AsyncEngine | None:
+    if isinstance(source, AsyncEngine):
+        return source
+    if isinstance(source, AsyncConnection):
+        return source.engine
+    if isinstance(source, AsyncSession):
+        bind = source.bind
+        if isinstance(bind, AsyncEngine):
+            return bind
+        if isinstance(bind, AsyncConnection):
+            return bind.engine
+    if isinstance(source, async_sessionmaker):
+        bind = source.kw.get("bind")
+        if bind is not None:
+            return _async_engine(bind)
+    return None
+
+
+def is_async_source(source: object) -> bool:
+    """Whether ``source`` is one of the async kinds (the call returns a coroutine)."""
+    return isinstance(source, AsyncEngine | AsyncConnection | AsyncSession | async_sessionmaker)
+
+
+def _listen_sql(tables: QueueTables) -> str:
+    channel = tables.finished_channel.replace('"', '""')
+    return f'LISTEN "{channel}"'
+
+
+def wait_sync(source: Any, tables: QueueTables, job_id: int, timeout: float | None) -> Any:
+    """Drive :func:`result_flow` on a connection of ``source``'s engine, in AUTOCOMMIT."""
+    engine = _sync_engine(source)
+    with engine.connect() as opened:
+        connection = opened.execution_options(isolation_level="AUTOCOMMIT")
+        driver = connection.connection.driver_connection
+        listening = hasattr(driver, "notifies")
+        if listening:
+            connection.exec_driver_sql(_listen_sql(tables))
+        try:
+            flow = result_flow(tables, job_id, timeout=timeout, listening=listening)
+            reply: Any = None
+            while True:
+                try:
+                    step = flow.send(reply)
+                except StopIteration as done:
+                    return done.value
+                if isinstance(step, Wait):
+                    reply = _notified_sync(driver, job_id, step.seconds, listening)
+                else:
+                    statement, params = step
+                    reply = connection.execute(statement, params).all()
+        finally:
+            if listening:
+                connection.exec_driver_sql("UNLISTEN *")
+
+
+def _notified_sync(driver: Any, job_id: int, seconds: float, listening: bool) -> bool:
+    if not listening:
+        time.sleep(seconds)
+        return False
+    deadline = time.monotonic() + seconds
+    wanted = str(job_id)
+    while (left := deadline - time.monotonic()) > 0:
+        for note in driver.notifies(timeout=left, stop_after=1):
+            if note.payload == wanted:
+                return True
+    return False
+
+
+async def wait_async(source: Any, tables: QueueTables, job_id: int, timeout: float | None) -> Any:
+    """:func:`wait_sync` for the async kinds of ``source``."""
+    engine = _async_engine(source)
+    if engine is None:
+        raise TypeError(f"queue.result: cannot open a connection from {source!r}")
+    async with engine.connect() as opened:
+        connection = await opened.execution_options(isolation_level="AUTOCOMMIT")
+        raw = await connection.get_raw_connection()
+        driver = raw.driver_connection
+        listening = hasattr(driver, "notifies")
+        if listening:
+            await connection.exec_driver_sql(_listen_sql(tables))
+        try:
+            flow = result_flow(tables, job_id, timeout=timeout, listening=listening)
+            reply: Any = None
+            while True:
+                try:
+                    step = flow.send(reply)
+                except StopIteration as done:
+                    return done.value
+                if isinstance(step, Wait):
+                    reply = await _notified_async(driver, job_id, step.seconds, listening)
+                else:
+                    statement, params = step
+                    reply = (await connection.execute(statement, params)).all()
+        finally:
+            if listening:
+                await connection.exec_driver_sql("UNLISTEN *")
+
+
+async def _notified_async(driver: Any, job_id: int, seconds: float, listening: bool) -> bool:
+    if not listening:
+        await asyncio.sleep(seconds)
+        return False
+    deadline = time.monotonic() + seconds
+    wanted = str(job_id)
+    while (left := deadline - time.monotonic()) > 0:
+        async for note in driver.notifies(timeout=left, stop_after=1):
+            if note.payload == wanted:
+                return True
+    return False
+
+
+def wait_for(source: Any, tables: QueueTables, job_id: int, timeout: float | None) -> Any:
+    """:func:`wait_sync` or (for async sources) a coroutine of :func:`wait_async`."""
+    if is_async_source(source):
+        return wait_async(source, tables, job_id, timeout)
+    return wait_sync(source, tables, job_id, timeout)

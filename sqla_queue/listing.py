@@ -1,0 +1,116 @@
+"""Listing jobs for operators: what ``sqla-queue jobs`` shows, in one bounded query.
+
+:func:`list_jobs` runs :func:`~sqla_queue.statements.listing.job_listing_statement` in the
+caller's transaction (nothing here commits) and returns plain rows: the job's columns, its
+state in one word (as :attr:`sqla_queue.Job.state` says it) and its last error. An app
+that lists jobs with its own ORM uses ``select(queue.Job)`` and ``queue.jobs_about()``
+instead; this is the same view without the mapped classes, for the command line.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+from sqla_queue.admin import BIGINT_MAX, check_job_ids
+from sqla_queue.models.tables import QueueTables
+from sqla_queue.statements.listing import JOB_STATES, JobListingParams, job_listing_statement
+
+__all__ = ["JOB_STATES", "JobRow", "list_jobs"]
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One job as :func:`list_jobs` lists it."""
+
+    id: int
+    task: str
+    #: ``queued``, ``succeeded``, ``failed`` or ``cancelled`` (``jobs.status``).
+    status: str
+    #: The status once finished; else ``running``, ``cancelling``, ``waiting``,
+    #: ``scheduled`` or ``pending`` (see :attr:`sqla_queue.Job.state`).
+    state: str
+    attempts: int
+    max_attempts: int
+    priority: int
+    queue_id: str | None
+    unique_key: str | None
+    about_table: str | None
+    about_key: str | None
+    created_at: dt.datetime
+    scheduled_at: dt.datetime
+    finished_at: dt.datetime | None
+    #: The last entry of the job's error history (``type``, ``message``, ...), if any.
+    last_error: dict[str, Any] | None
+
+    def as_json(self) -> dict[str, Any]:
+        """The row as JSON-ready values (times in ISO 8601)."""
+        values: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            values[name] = value.isoformat() if isinstance(value, dt.datetime) else value
+        return values
+
+
+def _check_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"the number of jobs to list must be at least 1, got {limit!r}")
+    return min(limit, BIGINT_MAX)
+
+
+def list_jobs(
+    bind: Session | Connection,
+    tables: QueueTables,
+    *,
+    limit: int,
+    tasks: Iterable[str] = (),
+    states: Iterable[str] = (),
+    key: str | None = None,
+    about_table: str | None = None,
+    about_key: str | None = None,
+    ids: Iterable[int] = (),
+) -> list[JobRow]:
+    """The newest ``limit`` jobs (by id) that pass every filter given.
+
+    ``tasks``: any of these task names. ``states``: any of these words of
+    :data:`JOB_STATES` (``queued`` means every live state). ``key``: the job's
+    ``unique_key`` or ``queue_id``. ``about_table`` (and ``about_key``): linked to a row of
+    that table (that row). ``ids``: one of these jobs. A wrong state, id or limit raises
+    ``ValueError`` before anything runs.
+    """
+    state_list = list(dict.fromkeys(states))
+    unknown = [s for s in state_list if s not in JOB_STATES]
+    if unknown:
+        raise ValueError(f"unknown job state {unknown[0]!r}; use one of {', '.join(JOB_STATES)}")
+    if about_key is not None and about_table is None:
+        raise ValueError("about_key needs about_table")
+    task_list = list(tasks)
+    id_list = check_job_ids(ids)
+    params: JobListingParams = {"limit": _check_limit(limit)}
+    if task_list:
+        params["tasks"] = task_list
+    if key is not None:
+        params["key"] = key
+    if about_table is not None:
+        params["about_table"] = about_table
+    if about_key is not None:
+        params["about_key"] = about_key
+    if id_list:
+        params["ids"] = id_list
+    statement = job_listing_statement(
+        tables,
+        states=state_list,
+        tasks=bool(task_list),
+        key=key is not None,
+        about=about_table is not None,
+        about_key=about_key is not None,
+        ids=bool(id_list),
+    )
+    connection = bind.connection() if isinstance(bind, Session) else bind
+    rows = connection.execute(statement, dict(params)).all()
+    return [JobRow(**row._asdict()) for row in rows]
