@@ -25,19 +25,34 @@ from tests.support.app import Base, queue
 from tests.support.grants import GuideRoles, grant_test_roles
 
 #: xdist groups (``--dist loadgroup``, see pyproject.toml): the tests of one group run one
-#: after another in one test process. The acceptance tests run several worker processes
-#: each and measure progress against deadlines; the least-privilege test runs a pytest of
-#: its own. Two of them at once would compete for the cores.
-_GROUPS = {"acceptance": "processes", "test_least_privilege.py": "subsuite"}
+#: after another in one test process. The acceptance tests below run several worker
+#: processes each and measure progress against deadlines: two of them at once would compete
+#: for the cores. The least-privilege test runs a pytest of its own. Everything else (the
+#: demo and examples run one subprocess each) is spread over the test processes.
+_GROUPS = {
+    **dict.fromkeys(
+        (
+            "test_chaos.py",
+            "test_exactly_once.py",
+            "test_limit_stress.py",
+            "test_multiprocess.py",
+            "test_poison.py",
+            "test_serialization.py",
+            "test_shutdown.py",
+            "test_unique_stress.py",
+        ),
+        "processes",
+    ),
+    "test_least_privilege.py": "subsuite",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Put each test in its xdist group (a no-op without ``-n``)."""
     for item in items:
-        parts = item.path.parts
-        for part, group in _GROUPS.items():
-            if part in parts and item.get_closest_marker("xdist_group") is None:
-                item.add_marker(pytest.mark.xdist_group(group))
+        group = _GROUPS.get(item.path.name)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def _setup_template(engine: Engine) -> None:
