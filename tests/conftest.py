@@ -27,8 +27,8 @@ from tests.support.grants import GuideRoles, grant_test_roles
 #: xdist groups (``--dist loadgroup``, see pyproject.toml): the tests of one group run one
 #: after another in one test process. The acceptance tests below run several worker
 #: processes each and measure progress against deadlines: two of them at once would compete
-#: for the cores. The least-privilege test runs a pytest of its own. Everything else (the
-#: demo and examples run one subprocess each) is spread over the test processes.
+#: for the cores. The least-privilege test runs a pytest of its own. The embedded-server
+#: tests take turns (see below). Everything else is spread over the test processes.
 _GROUPS = {
     **dict.fromkeys(
         (
@@ -44,6 +44,10 @@ _GROUPS = {
         "processes",
     ),
     "test_least_privilege.py": "subsuite",
+    # pgserver sets up its data directories and their parents' permissions for the server's
+    # own user: two embedded servers starting at once in one pytest tree race on those.
+    "test_embedded_postgres.py": "embedded",
+    "test_demo.py": "embedded",
 }
 
 
