@@ -24,11 +24,13 @@ from sqla_queue.testing.databases import DatabaseFactory, resolve_test_admin_url
 from tests.support.app import Base, queue
 from tests.support.grants import GuideRoles, grant_test_roles
 
-#: xdist groups (``--dist loadgroup``, see pyproject.toml): the tests of one group run one
-#: after another in one test process. The acceptance tests below run several worker
-#: processes each and measure progress against deadlines: two of them at once would compete
-#: for the cores. The least-privilege test runs a pytest of its own. The embedded-server
-#: tests take turns (see below). Everything else is spread over the test processes.
+#: xdist groups (``--dist loadgroup``, see pyproject.toml), meant to keep the tests of one
+#: group in one test process, one after another: the acceptance tests below run several
+#: worker processes each and measure progress against deadlines; the least-privilege test
+#: runs a pytest of its own; pgserver prepares shared directory permissions for its server's
+#: user. Known limitation: pytest 9.2 with pytest-xdist 3.8 does not honour the marks (even
+#: written explicitly, one group is spread over the workers), so these tests can overlap;
+#: the suite passes that way on this machine, and making them take turns is a follow-up.
 _GROUPS = {
     **dict.fromkeys(
         (
