@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Integer, Interval, Text, func, literal_column
+from sqlalchemy import (
+    Integer,
+    Interval,
+    Text,
+    and_,
+    case,
+    cast,
+    func,
+    literal,
+    literal_column,
+    null,
+)
 from sqlalchemy.sql.elements import ColumnElement
 
 from sqla_queue.models.tables import ExecutionState, JobStatus
@@ -20,6 +31,7 @@ __all__ = [
     "SUCCEEDED",
     "WAITING",
     "has_key",
+    "notify_waiters",
     "seconds",
     "state_literal",
     "still_running",
@@ -78,3 +90,21 @@ def has_key(queue_id: ColumnElement[Any]) -> ColumnElement[bool]:
     filtering on the id, instead of probing the primary key.
     """
     return func.num_nonnulls(queue_id) == 1
+
+
+def notify_waiters(tables: Any, finished: ColumnElement[bool] | None = None) -> ColumnElement[Any]:
+    """A ``RETURNING`` column of an update of ``jobs`` that tells ``queue.result`` callers.
+
+    It calls ``pg_notify`` on the queue's finished channel, with the job's id, for a job
+    that someone awaits (and, when given, that ``finished`` says has just ended); every
+    other row pays a ``CASE`` and nothing else.
+    """
+    jobs = tables.jobs
+    awaited = jobs.c.awaited if finished is None else and_(jobs.c.awaited, finished)
+    return case(
+        (
+            awaited,
+            func.pg_notify(literal(tables.finished_channel, Text), cast(jobs.c.id, Text)),
+        ),
+        else_=null(),
+    ).label("notified")

@@ -27,7 +27,6 @@ from sqlalchemy import (
     column,
     delete,
     func,
-    literal,
     literal_column,
     null,
     or_,
@@ -46,6 +45,7 @@ from sqla_queue.statements._common import (
     PENDING,
     SUCCEEDED,
     has_key,
+    notify_waiters,
     seconds,
     state_literal,
     still_running,
@@ -197,13 +197,7 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
         # CASE calls pg_notify only for awaited jobs, so no other completion pays for it.
         .returning(
             jobs.c.id,
-            case(
-                (
-                    and_(jobs.c.awaited, ends),
-                    func.pg_notify(literal(tables.finished_channel, Text), cast(jobs.c.id, Text)),
-                ),
-                else_=null(),
-            ).label("notified"),
+            notify_waiters(tables, ends),
         )
         .cte("recorded")
     )

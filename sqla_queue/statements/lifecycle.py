@@ -20,14 +20,11 @@ from typing import Any, TypedDict
 from sqlalchemy import (
     BigInteger,
     Select,
-    Text,
     and_,
     bindparam,
     case,
-    cast,
     delete,
     func,
-    literal,
     literal_column,
     null,
     select,
@@ -46,6 +43,7 @@ from sqla_queue.statements._common import (
     QUEUED,
     RUNNING,
     WAITING,
+    notify_waiters,
 )
 
 __all__ = [
@@ -136,13 +134,7 @@ def cancel_statement(tables: QueueTables) -> Select[Any]:
         # A job someone waits for (queue.result) tells them at once, as a completion does.
         .returning(
             jobs.c.id,
-            case(
-                (
-                    jobs.c.awaited,
-                    func.pg_notify(literal(tables.finished_channel, Text), cast(jobs.c.id, Text)),
-                ),
-                else_=null(),
-            ).label("notified"),
+            notify_waiters(tables),
         )
         .cte("cancelled")
     )

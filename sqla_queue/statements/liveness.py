@@ -9,15 +9,11 @@ from sqlalchemy import (
     BigInteger,
     CompoundSelect,
     Integer,
-    Text,
     Uuid,
     all_,
     bindparam,
-    case,
-    cast,
     delete,
     func,
-    literal,
     literal_column,
     null,
     select,
@@ -34,6 +30,7 @@ from sqla_queue.statements._common import (
     DONE,
     PENDING,
     RUNNING,
+    notify_waiters,
     seconds,
     still_running,
 )
@@ -140,13 +137,7 @@ def reclaim_statement(tables: QueueTables) -> CompoundSelect[Any]:
         # Someone waiting for the job's result (queue.result) is told, as by a completion.
         .returning(
             jobs.c.id,
-            case(
-                (
-                    jobs.c.awaited,
-                    func.pg_notify(literal(tables.finished_channel, Text), cast(jobs.c.id, Text)),
-                ),
-                else_=null(),
-            ).label("notified"),
+            notify_waiters(tables),
         )
         .cte("cancelled")
     )
