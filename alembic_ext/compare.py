@@ -53,7 +53,19 @@ __all__ = [
 _EXECUTIONS_SUFFIX = "job_executions"
 # The roles that build_tables tags a queue's tables with; a queue is found by its tags only
 # when all of them are there.
-_ROLES = frozenset({"jobs", "executions", "limits", "unique_keys"})
+_ROLES = frozenset(
+    {
+        "jobs",
+        "executions",
+        "limits",
+        "unique_keys",
+        "controls",
+        "rate_starts",
+        "schedules",
+        "daemons",
+        "workers",
+    }
+)
 # Set on the UpgradeOps once handled, so that the hook registered twice (a reloaded module, a
 # hand-written plugin calling it too) still produces one queue operation.
 _DONE = "alembic_ext.queues_compared"
@@ -77,6 +89,11 @@ class QueueTarget:
     executions: Table
     limits: Table
     unique_keys: Table
+    controls: Table
+    rate_starts: Table
+    schedules: Table
+    daemons: Table
+    workers: Table
     schema: str | None
     prefix: str
     version: int
@@ -89,13 +106,18 @@ class QueueTarget:
             executions=self.executions,
             limits=self.limits,
             unique_keys=self.unique_keys,
+            controls=self.controls,
+            rate_starts=self.rate_starts,
+            schedules=self.schedules,
+            daemons=self.daemons,
+            workers=self.workers,
             schema=self.schema,
             prefix=self.prefix,
         )
 
 
 def _queue_tables(target: QueueTarget) -> tuple[Table, ...]:
-    return (target.jobs, target.executions, target.limits, target.unique_keys)
+    return target.tables.all
 
 
 def _metadatas(metadata: MetaData | Sequence[MetaData] | None) -> list[MetaData]:
@@ -113,6 +135,11 @@ def _target(tables: QueueTables) -> QueueTarget:
         executions=tables.executions,
         limits=tables.limits,
         unique_keys=tables.unique_keys,
+        controls=tables.controls,
+        rate_starts=tables.rate_starts,
+        schedules=tables.schedules,
+        daemons=tables.daemons,
+        workers=tables.workers,
         schema=tables.schema,
         prefix=tables.prefix,
         version=int(info.get("schema_version", versions.LATEST_VERSION)),
@@ -146,6 +173,11 @@ def find_queues(metadata: MetaData | Sequence[MetaData] | None) -> list[QueueTar
                     executions=roles["executions"],
                     limits=roles["limits"],
                     unique_keys=roles["unique_keys"],
+                    controls=roles["controls"],
+                    rate_starts=roles["rate_starts"],
+                    schedules=roles["schedules"],
+                    daemons=roles["daemons"],
+                    workers=roles["workers"],
                     schema=schema,
                     prefix=prefix,
                 )
@@ -373,7 +405,7 @@ def compare_queues(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) -> 
         in_database = replace(target.tables, schema=translated_schema(target.schema, translate_map))
         report = inspect_schema(connection, in_database)
         absent = {m.table for m in report.missing if m.kind == "table"}
-        others = (target.jobs, target.limits, target.unique_keys)
+        others = [t for t in target.tables.all if t is not target.executions]
         existing = [t.name for t in others if t.name not in absent]
         op = plan_queue_op(target, report.version, existing_tables=existing)
         if op is not None:

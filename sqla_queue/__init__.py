@@ -7,17 +7,21 @@
 >>> queue.worker(SessionLocal).run()          # or: sqla-queue worker myapp.jobs:queue
 """
 
+from sqla_queue.controls import RateLimit, TaskControl
 from sqla_queue.core.backoff import RetryPolicy
 from sqla_queue.core.outcomes import Reschedule, Retry
+from sqla_queue.daemons import DaemonBackoff, DaemonContext, DaemonStatus
 from sqla_queue.errors import (
     CancelBlockedError,
     DuplicateJobError,
     InsufficientPrivilegeError,
     InvalidIdentifierError,
+    IsolationLevelError,
     JobCancelledError,
     JobFailedError,
     JobNotFoundError,
     PayloadNotSerializableError,
+    QueueFull,
     ResultTimeoutError,
     SchemaMismatchError,
     SqlaQueueError,
@@ -26,9 +30,11 @@ from sqla_queue.errors import (
     WorkerStoppedError,
 )
 from sqla_queue.models import SCHEMA_VERSION, Job, JobExecution, JobStatus
+from sqla_queue.periodic import Schedule, ScheduleState
 from sqla_queue.queue import Queue
 from sqla_queue.spec import EnqueueOptions, JobSpec
 from sqla_queue.statements.lifecycle import CancelOutcome
+from sqla_queue.status import QueueStatus, TaskStatus, WorkerStatus
 from sqla_queue.task import Task
 from sqla_queue.worker import AsyncWorker, JobContext, RunStats, Worker, WorkerSettings
 
@@ -50,10 +56,14 @@ __all__ = [
     "AsyncWorker",
     "CancelBlockedError",
     "CancelOutcome",
+    "DaemonBackoff",
+    "DaemonContext",
+    "DaemonStatus",
     "DuplicateJobError",
     "EnqueueOptions",
     "InsufficientPrivilegeError",
     "InvalidIdentifierError",
+    "IsolationLevelError",
     "Job",
     "JobCancelledError",
     "JobContext",
@@ -64,18 +74,26 @@ __all__ = [
     "JobStatus",
     "PayloadNotSerializableError",
     "Queue",
+    "QueueFull",
+    "QueueStatus",
+    "RateLimit",
     "Reschedule",
     "ResultTimeoutError",
     "Retry",
     "RetryPolicy",
     "RunStats",
+    "Schedule",
+    "ScheduleState",
     "SchemaMismatchError",
     "SqlaQueueError",
     "Task",
     "TaskAlreadyRegisteredError",
+    "TaskControl",
+    "TaskStatus",
     "UnknownTaskError",
     "Worker",
     "WorkerSettings",
+    "WorkerStatus",
     "WorkerStoppedError",
     "__version__",
 ]

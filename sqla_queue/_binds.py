@@ -3,6 +3,10 @@
 Every call joins the caller's transaction; nothing here commits. Sync callers get the
 result, async callers get a coroutine of it, and both share this one code path.
 
+A :data:`Flow` is a conversation with the database written once, without I/O: it yields
+statements (and, while it waits for something only time can bring, :class:`Sleep`), and
+:func:`run_flow` does the I/O the sync or the async way.
+
 One exception to "nothing here commits": a connection in AUTOCOMMIT mode has no
 transaction to join, and would commit each statement on its own. Several statements that
 belong together (the chunks of one bulk enqueue) then run in a transaction of their own,
@@ -11,8 +15,11 @@ opened and committed (or rolled back) here, so they are written whole or not at 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import Coroutine, Generator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection
@@ -20,16 +27,30 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import Executable
 
-__all__ = ["AnyBind", "Flow", "in_autocommit", "run_flow", "scalars_each"]
+__all__ = ["AnyBind", "Flow", "Sleep", "in_autocommit", "run_flow", "scalars_each"]
 
 AnyBind = Session | Connection | AsyncSession | AsyncConnection
 
 T = TypeVar("T")
 
+
+@dataclass(frozen=True)
+class Sleep:
+    """A flow's request to pause ``seconds`` before its next statement (it is sent ``()``).
+
+    The sync driver blocks its thread (``time.sleep``); the async one awaits
+    ``asyncio.sleep``, so the event loop keeps serving other tasks meanwhile. The caller's
+    transaction stays open across the pause, with every lock it holds.
+    """
+
+    seconds: float
+
+
 #: A conversation with the database written once for both faces: the generator yields
-#: ``(statement, params)`` and is sent back the statement's rows, until it returns its
-#: value. :func:`run_flow` drives it on a sync or an async bind.
-Flow = Generator[tuple[Executable, Mapping[str, Any]], Sequence[Any], T]
+#: ``(statement, params)`` and is sent back the statement's rows, or yields a
+#: :class:`Sleep` and is sent ``()`` after it, until it returns its value.
+#: :func:`run_flow` drives it on a sync or an async bind.
+Flow = Generator[tuple[Executable, Mapping[str, Any]] | Sleep, Sequence[Any], T]
 
 
 def in_autocommit(connection: Connection) -> bool:
@@ -118,10 +139,15 @@ def run_flow(bind: AnyBind, flow: Flow[T]) -> T | Coroutine[Any, Any, T]:
         rows: Sequence[Any] | None = None
         while True:
             try:
-                statement, params = flow.send(rows) if rows is not None else next(flow)
+                step = flow.send(rows) if rows is not None else next(flow)
             except StopIteration as done:
                 value: T = done.value
                 break
+            if isinstance(step, Sleep):
+                time.sleep(step.seconds)
+                rows = ()
+                continue
+            statement, params = step
             rows = connection.execute(statement, dict(params)).all()
     except BaseException:
         if own:
@@ -143,10 +169,15 @@ async def _run_flow_async(bind: AsyncSession | AsyncConnection, flow: Flow[T]) -
         rows: Sequence[Any] | None = None
         while True:
             try:
-                statement, params = flow.send(rows) if rows is not None else next(flow)
+                step = flow.send(rows) if rows is not None else next(flow)
             except StopIteration as done:
                 value: T = done.value
                 break
+            if isinstance(step, Sleep):
+                await asyncio.sleep(step.seconds)
+                rows = ()
+                continue
+            statement, params = step
             rows = (await connection.execute(statement, dict(params))).all()
     except BaseException:
         if own:

@@ -10,22 +10,31 @@ SQLAlchemy's per-execution compile-cache work.
 :class:`Enqueuer` owns all of it for one queue: the statement of each shape, their driver
 forms, and the lookup of a task's defaults (:class:`KnownTasks`). The queue makes one and
 hands it to each :class:`~sqla_queue.Task`. This module imports neither of them.
+
+A task with ``max_pending`` (a bounded task) takes another road, :func:`bounded_flow`:
+its enqueue takes the task's lock, counts the task's pending jobs in a fresh snapshot, and
+writes only if the call's rows fit (see :mod:`sqla_queue.statements.bounded` for why that
+is exact). An unbounded task's enqueue never comes near it: same statements, same round
+trips as before bounds existed.
 """
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Select
 from sqlalchemy.engine import Connection, CursorResult, Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
-from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql import ClauseElement, Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from sqla_queue._binds import AnyBind, run_flow, scalars_each
+from sqla_queue._binds import AnyBind, Flow, Sleep, run_flow, scalars_each
 from sqla_queue._identifiers import validate_task_name
 from sqla_queue.core.payload import (
     check_storable,
@@ -34,19 +43,34 @@ from sqla_queue.core.payload import (
     shape_suspect,
     text_suspect,
 )
-from sqla_queue.errors import PayloadNotSerializableError, UnknownTaskError
+from sqla_queue.errors import (
+    IsolationLevelError,
+    PayloadNotSerializableError,
+    QueueFull,
+    UnknownTaskError,
+)
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.spec import EnqueueOptions, JobSpec
+from sqla_queue.statements.bounded import (
+    BoundLockParams,
+    PendingCountParams,
+    bound_lock_key,
+    bound_lock_statement,
+    pending_count_statement,
+)
 from sqla_queue.statements.enqueue import EnqueueParams, EnqueueRow, enqueue_statement
 from sqla_queue.unique import UniqueStatements, unique_enqueue_flow
 
 __all__ = [
     "CHUNK_SIZE",
+    "FULL_POLL_INTERVAL",
+    "BoundedStatements",
     "DefaultsLookup",
     "DriverStatement",
     "Enqueuer",
     "KnownTasks",
     "TaskDefaults",
+    "bounded_flow",
     "driver_statement_for",
     "encode_one",
     "prepare_rows",
@@ -56,15 +80,24 @@ __all__ = [
 #: enough that one JSON parameter stays a few megabytes.
 CHUNK_SIZE = 5_000
 
+#: Seconds between two counts of a full task by an enqueue that waits for room. Workers
+#: free room without telling anyone, so it is polled; each count costs at most three index
+#: walks of ``max_pending`` entries.
+FULL_POLL_INTERVAL = 0.05
+
+T = TypeVar("T")
+
 
 class TaskDefaults:
-    """The per-task values a job row falls back to when the call does not set them."""
+    """The per-task values an enqueue needs beside the call's: the row's defaults, and the
+    task's bound (``max_pending``, None for an unbounded task)."""
 
-    __slots__ = ("max_attempts", "priority")
+    __slots__ = ("max_attempts", "max_pending", "priority")
 
-    def __init__(self, priority: int, max_attempts: int) -> None:
+    def __init__(self, priority: int, max_attempts: int, max_pending: int | None = None) -> None:
         self.priority = priority
         self.max_attempts = max_attempts
+        self.max_pending = max_pending
 
 
 #: A task name to its :class:`TaskDefaults`; raises for a name that cannot be enqueued.
@@ -150,7 +183,7 @@ def _fields(
 ) -> EnqueueRow:
     row: EnqueueRow = {
         "task": task,
-        "payload": make_payload(args, kwargs),
+        "payload": make_payload(args, kwargs, task=task),
         "priority": defaults.priority if opts.priority is None else opts.priority,
         "queue_id": opts.queue_id,
         "max_attempts": defaults.max_attempts if opts.max_attempts is None else opts.max_attempts,
@@ -316,7 +349,11 @@ class Enqueuer:
             return _first(
                 self.enqueue_unique(session, [JobSpec(task, tuple(args), dict(kwargs), options)])
             )
-        rows = encode_one(task, args, kwargs, options, self.defaults(task))
+        defaults = self.defaults(task)
+        if defaults.max_pending is not None:
+            spec = JobSpec(task, tuple(args), dict(kwargs), options)
+            return _first(self.enqueue_bounded(session, [spec], {task: defaults.max_pending}))
+        rows = encode_one(task, args, kwargs, options, defaults)
         keyed = options.queue_id is not None
         if isinstance(session, AsyncSession | AsyncConnection):
             return self.execute_async(session, rows, keyed)
@@ -341,10 +378,58 @@ class Enqueuer:
         specs = specs if isinstance(specs, Sequence) else list(specs)
         if any(spec.options.unique_key is not None for spec in specs):
             return self.enqueue_unique(session, specs)
-        chunks = prepare_rows(specs, self.defaults)
+        bounds: dict[str, int] = {}
+        chunks = prepare_rows(specs, self._noting_bounds(bounds))
+        if bounds:
+            return self.enqueue_bounded(session, specs, bounds, chunks)
         keyed = any(spec.options.queue_id is not None for spec in specs)
         params: list[EnqueueParams] = [{"rows": chunk} for chunk in chunks]
         return scalars_each(session, self.statements[keyed], params)
+
+    def _noting_bounds(self, bounds: dict[str, int]) -> DefaultsLookup:
+        """:attr:`defaults`, noting in ``bounds`` the ``max_pending`` of each bounded task."""
+
+        def lookup(name: str) -> TaskDefaults:
+            found = self.defaults(name)
+            if found.max_pending is not None:
+                bounds[name] = found.max_pending
+            return found
+
+        return lookup
+
+    @cached_property
+    def bounded_statements(self) -> BoundedStatements:
+        """The statements of a bounded enqueue (built on first use)."""
+        return BoundedStatements.build(self.tables)
+
+    def enqueue_bounded(
+        self,
+        session: AnyBind,
+        specs: Sequence[JobSpec],
+        bounds: Mapping[str, int],
+        chunks: list[str] | None = None,
+    ) -> list[int] | Coroutine[Any, Any, list[int]]:
+        """Enqueue ``specs`` (no unique key among them), some of bounded tasks.
+
+        ``bounds`` maps each bounded task of ``specs`` to its ``max_pending``, and
+        ``chunks`` are the specs' rows if already prepared. Raises
+        :class:`~sqla_queue.QueueFull` when a task has no room for its rows (after
+        waiting up to the specs' ``wait_if_full``); nothing of the call is written then.
+        """
+        if chunks is None:
+            chunks = prepare_rows(specs, self.defaults)
+        keyed = any(spec.options.queue_id is not None for spec in specs)
+        statement = self.statements[keyed]
+        need = Counter(spec.task for spec in specs if spec.task in bounds)
+        flow = bounded_flow(
+            _write_flow(statement, chunks),
+            statements=self.bounded_statements,
+            enqueue=statement,
+            bounds=bounds,
+            need=need,
+            wait=_wait_of(specs),
+        )
+        return run_flow(session, flow)
 
     @cached_property
     def unique_statements(self) -> UniqueStatements:
@@ -361,14 +446,179 @@ class Enqueuer:
         """
         keyed = any(spec.options.queue_id is not None for spec in specs)
         # Validate (names, arguments, option combinations) before any key is locked.
-        prepare_rows(specs, self.defaults)
-        flow = unique_enqueue_flow(
+        bounds: dict[str, int] = {}
+        prepare_rows(specs, self._noting_bounds(bounds))
+        if not bounds:
+            flow = unique_enqueue_flow(
+                specs,
+                statements=self.unique_statements,
+                enqueue=self.statements[keyed],
+                prepare=lambda chosen: prepare_rows(chosen, self.defaults),
+            )
+            return run_flow(session, flow)
+        # A bounded task's lock comes first (it orders every enqueue of the task), then
+        # its keys; the count waits until the unique flow knows which calls write a job:
+        # one whose key is held writes nothing, so it needs no room.
+        need: Counter[str] = Counter()
+
+        def prepare(chosen: Sequence[JobSpec]) -> list[str]:
+            need.update(spec.task for spec in chosen if spec.task in bounds)
+            return prepare_rows(chosen, self.defaults)
+
+        inner = unique_enqueue_flow(
             specs,
             statements=self.unique_statements,
             enqueue=self.statements[keyed],
-            prepare=lambda chosen: prepare_rows(chosen, self.defaults),
+            prepare=prepare,
+        )
+        flow = bounded_flow(
+            inner,
+            statements=self.bounded_statements,
+            enqueue=self.statements[keyed],
+            bounds=bounds,
+            need=need,
+            wait=_wait_of(specs),
         )
         return run_flow(session, flow)
+
+
+@dataclass(frozen=True)
+class BoundedStatements:
+    """The statements of a bounded enqueue, built once per queue, and its lock names."""
+
+    lock: Any
+    count: Any
+    tables: QueueTables
+
+    @classmethod
+    def build(cls, tables: QueueTables) -> BoundedStatements:
+        """Build them for ``tables``."""
+        return cls(bound_lock_statement(tables), pending_count_statement(tables), tables)
+
+    def lock_params(self, task: str) -> BoundLockParams:
+        """The parameters that take ``task``'s enqueue lock."""
+        return {"key": bound_lock_key(self.tables, task)}
+
+
+def _wait_of(specs: Sequence[JobSpec]) -> float:
+    """How long a call may wait for room: the longest ``wait_if_full`` of its specs."""
+    return max((spec.options.wait_if_full or 0.0 for spec in specs), default=0.0)
+
+
+def _write_flow(statement: Executable, chunks: Sequence[str]) -> Flow[list[int]]:
+    """Write ``chunks`` with the enqueue ``statement``; the new ids, in order."""
+    ids: list[int] = []
+    for chunk in chunks:
+        params: EnqueueParams = {"rows": chunk}
+        rows = yield statement, params
+        ids.extend(int(row[0]) for row in rows)
+    return ids
+
+
+def _full(
+    task: str, bound: int, pending: int, requested: int, waited: float, wait: float
+) -> QueueFull:
+    pending = min(pending, bound)
+    if requested > bound:
+        why = f"this call adds {requested} jobs, more than the bound itself"
+        fix = "enqueue them in batches of at most max_pending, or raise max_pending"
+    else:
+        why = f"{pending} of its jobs are pending and this call adds {requested}"
+        if wait > 0:
+            fix = (
+                f"it waited {waited:.1f}s (wait_if_full={wait:g}) without room; wait longer, "
+                "add workers, or raise max_pending"
+            )
+        else:
+            fix = (
+                "retry later, pass wait_if_full=seconds to wait for room, add workers, or "
+                "raise max_pending"
+            )
+    return QueueFull(
+        f"task {task!r} is full (max_pending={bound}): {why}; nothing was enqueued. To go "
+        f"on: {fix}.",
+        task=task,
+        max_pending=bound,
+        pending=pending,
+        requested=requested,
+        waited=round(waited, 3),
+    )
+
+
+def _room_flow(
+    statements: BoundedStatements,
+    bounds: Mapping[str, int],
+    need: Mapping[str, int],
+    wait: float,
+) -> Flow[None]:
+    """Count each bounded task that needs room until all have it; raise QueueFull at the
+    deadline. Each count is a statement of its own, so each sees the latest commits."""
+    started = time.monotonic()
+    left = sorted(task for task, n in need.items() if n > 0 and task in bounds)
+    for task in left:
+        if need[task] > bounds[task]:
+            raise _full(task, bounds[task], 0, need[task], 0.0, wait)
+    while left:
+        full: list[tuple[str, int]] = []
+        for task in left:
+            params: PendingCountParams = {"task": task, "cap": bounds[task]}
+            rows = yield statements.count, params
+            pending, isolation = int(rows[0][0]), str(rows[0][1])
+            if isolation != "read committed":
+                raise IsolationLevelError(
+                    f"cannot enqueue bounded task {task!r} (max_pending={bounds[task]}) in a "
+                    f"{isolation.upper()} transaction: its pending jobs are counted exactly "
+                    "only in a READ COMMITTED one (PostgreSQL's default), whose count sees "
+                    "every earlier enqueuer's commit. Nothing was enqueued; run the enqueue "
+                    "in a READ COMMITTED transaction."
+                )
+            if pending + need[task] > bounds[task]:
+                full.append((task, pending))
+        if not full:
+            return
+        # Room found for a task stays: its lock keeps other enqueuers out, and workers
+        # only take jobs away (a retry or a reclaim puts back a job already admitted).
+        left = [task for task, _ in full]
+        waited = time.monotonic() - started
+        if waited >= wait:
+            task, pending = full[0]
+            raise _full(task, bounds[task], pending, need[task], waited if wait else 0.0, wait)
+        yield Sleep(min(FULL_POLL_INTERVAL, wait - waited))
+
+
+def bounded_flow(
+    inner: Flow[T],
+    *,
+    statements: BoundedStatements,
+    enqueue: Executable,
+    bounds: Mapping[str, int],
+    need: Mapping[str, int],
+    wait: float,
+) -> Flow[T]:
+    """Run ``inner`` (a flow that writes jobs with ``enqueue``) within the bounds.
+
+    First the enqueue lock of every task in ``bounds`` is taken, in name order (so two
+    calls that bound the same tasks never deadlock). ``inner`` then runs; before its first
+    ``enqueue`` statement, each task with rows to write (``need``, read then: the unique
+    flow fills it only when it knows which calls write) is counted until all have room,
+    for up to ``wait`` seconds, or :class:`~sqla_queue.QueueFull` is raised before
+    anything is written. The locks stay held until the caller's transaction ends, which
+    is what keeps the next enqueuer's count exact.
+    """
+    for task in sorted(bounds):
+        yield statements.lock, statements.lock_params(task)
+    checked = False
+    rows: Sequence[Any] | None = None
+    while True:
+        try:
+            step = inner.send(rows) if rows is not None else next(inner)
+        except StopIteration as done:
+            value: T = done.value
+            return value
+        if not checked and not isinstance(step, Sleep) and step[0] is enqueue:
+            checked = True
+            yield from _room_flow(statements, bounds, need, wait)
+        rows = yield step
 
 
 def _first(ids: list[int] | Coroutine[Any, Any, list[int]]) -> int | Coroutine[Any, Any, int]:

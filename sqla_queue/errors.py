@@ -10,10 +10,12 @@ __all__ = [
     "DuplicateJobError",
     "InsufficientPrivilegeError",
     "InvalidIdentifierError",
+    "IsolationLevelError",
     "JobCancelledError",
     "JobFailedError",
     "JobNotFoundError",
     "PayloadNotSerializableError",
+    "QueueFull",
     "ResultTimeoutError",
     "SchemaMismatchError",
     "SqlaQueueError",
@@ -137,4 +139,46 @@ class CancelBlockedError(SqlaQueueError, TimeoutError):
 
     Workers hold those locks for milliseconds. The usual holder is the caller's own open
     transaction (it claimed, completed or updated the jobs): commit it, then cancel.
+    """
+
+
+class QueueFull(SqlaQueueError, RuntimeError):
+    """An enqueue would take a bounded task past its ``max_pending``; nothing was written.
+
+    ``task`` and ``max_pending`` name the bound, ``pending`` is how many of the task's
+    jobs were pending when it was last counted (at most ``max_pending``; 0 for a call with
+    more jobs than the bound, which is refused uncounted), ``requested`` how many this call
+    wanted to add, and ``waited`` how many seconds it waited for room (0.0 without
+    ``wait_if_full``).
+    The caller's transaction is still usable: no statement failed, and rolling back or
+    committing it is the caller's choice. Until it ends, it keeps the task's enqueue lock,
+    so other enqueues of the task wait for it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        task: str,
+        max_pending: int,
+        pending: int,
+        requested: int,
+        waited: float,
+    ) -> None:
+        super().__init__(message)
+        self.task = task
+        self.max_pending = max_pending
+        self.pending = pending
+        self.requested = requested
+        self.waited = waited
+
+
+class IsolationLevelError(SqlaQueueError, RuntimeError):
+    """An enqueue of a bounded task ran in a transaction that cannot count exactly.
+
+    The bound is exact because each enqueue counts the task's pending jobs in a snapshot
+    taken after it got the task's lock, which sees every earlier enqueuer's commit. Under
+    ``REPEATABLE READ`` or ``SERIALIZABLE`` the snapshot is the transaction's first one,
+    taken earlier, so the count could miss them: enqueue bounded tasks in ``READ
+    COMMITTED`` transactions (PostgreSQL's default). Nothing was written.
     """

@@ -15,6 +15,14 @@ from sqlalchemy.orm import registry as Registry
 
 from sqla_queue import admin
 from sqla_queue._identifiers import validate_task_name
+from sqla_queue.controls import (
+    RateLimit,
+    TaskControl,
+    check_rate_limit,
+    set_paused,
+    set_rate_limit,
+    stored_controls,
+)
 from sqla_queue.core.backoff import RetryPolicy
 from sqla_queue.enqueue import Enqueuer, KnownTasks, TaskDefaults
 from sqla_queue.errors import TaskAlreadyRegisteredError, UnknownTaskError
@@ -32,6 +40,9 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import async_sessionmaker
     from sqlalchemy.orm import sessionmaker
 
+    from sqla_queue.daemons import DaemonBackoff, DaemonSpec, DaemonStatus
+    from sqla_queue.periodic import Schedule, ScheduleState
+    from sqla_queue.status import QueueStatus
     from sqla_queue.worker.aio import AsyncWorker
     from sqla_queue.worker.context import JobContext
     from sqla_queue.worker.plan import WorkerPlan
@@ -41,6 +52,8 @@ __all__ = ["Queue", "TaskLimit"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+#: A daemon's function, returned unchanged by ``@queue.daemon``.
+DaemonFn = TypeVar("DaemonFn", bound=Callable[..., Any])
 Bind = Session | Connection | AsyncSession | AsyncConnection
 
 
@@ -136,6 +149,10 @@ class Queue:
         self._known = KnownTasks()
         # Writes every enqueue of this queue; each Task holds it, never the Queue.
         self._enqueuer = Enqueuer(self.tables, notify=notify, defaults=self._known.lookup)
+        # Periodic schedules and daemons by name (sqla_queue.periodic, sqla_queue.daemons):
+        # every worker of this queue carries them in its plan.
+        self._schedules: dict[str, Any] = {}
+        self._daemons: dict[str, Any] = {}
 
     def __repr__(self) -> str:
         where = f"{self.tables.schema}." if self.tables.schema else ""
@@ -183,15 +200,17 @@ class Queue:
         stable across refactors, since stored jobs refer to it. With ``pass_context=True``
         the handler receives a :class:`~sqla_queue.JobContext` as its first argument.
         ``concurrency_limit=N`` caps the executions running at once across all workers
-        (see :meth:`set_limit` to change it at runtime).
+        (see :meth:`set_limit` to change it at runtime). ``max_pending=N`` caps the jobs
+        waiting to run: an enqueue past it raises :class:`~sqla_queue.QueueFull`, or waits
+        for room with ``wait_if_full=seconds``.
 
         Args:
             fn: the handler, when used bare.
             pass_context: pass a :class:`~sqla_queue.JobContext` as the first argument.
             **options: the keywords of :class:`~sqla_queue.task.TaskKwargs`: ``name``,
                 ``priority`` (default 0), and ``max_attempts``, ``retry``,
-                ``lost_interval``, ``max_reclaims`` (the queue's when not given) and
-                ``concurrency_limit`` (none by default).
+                ``lost_interval``, ``max_reclaims`` (the queue's when not given),
+                ``concurrency_limit`` and ``max_pending`` (none by default).
         """
         check_keywords("Queue.task", options, TaskKwargs.__annotations__)
         # Every value is checked here, when the decorator is built, so a bad one fails at
@@ -210,6 +229,7 @@ class Queue:
         lost_interval = settings.get("lost_interval")
         max_reclaims = settings.get("max_reclaims")
         transactional = bool(settings.get("transactional"))
+        max_pending = settings.get("max_pending")
         if transactional and not pass_context:
             raise ValueError(
                 "transactional=True runs the handler in ctx.session's transaction: register "
@@ -226,6 +246,10 @@ class Queue:
                     f"task {task_name!r} is already registered to "
                     f"{self._tasks[task_name].fn!r}; give one of them another name="
                 )
+            if task_name in self._daemons:
+                raise TaskAlreadyRegisteredError(
+                    f"{task_name!r} is already the name of a daemon; give the task another name="
+                )
             # Every default is resolved here, once: workers read the task's own values.
             task_options = TaskOptions(
                 name=task_name,
@@ -237,11 +261,15 @@ class Queue:
                 pass_context=pass_context,
                 concurrency_limit=concurrency_limit,
                 transactional=transactional,
+                max_pending=max_pending,
             )
             handle: Task[Any, Any] = Task(self._enqueuer, func, task_options)
             self._tasks[task_name] = handle
             self._known.register(
-                task_name, TaskDefaults(task_options.priority, task_options.max_attempts)
+                task_name,
+                TaskDefaults(
+                    task_options.priority, task_options.max_attempts, task_options.max_pending
+                ),
             )
             return handle
 
@@ -250,21 +278,240 @@ class Queue:
         return register
 
     def declare_task(
-        self, name: str, *, priority: int = 0, max_attempts: int | None = None
+        self,
+        name: str,
+        *,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        max_pending: int | None = None,
     ) -> None:
         """Let this process enqueue ``name`` by name without importing its handler.
 
         Producers that live apart from the workers declare the names they send, so a typo
         still fails at enqueue time instead of leaving a job no worker will ever claim.
-        ``priority`` and ``max_attempts`` follow the rules of ``@queue.task``'s.
+        ``priority``, ``max_attempts`` and ``max_pending`` follow the rules of
+        ``@queue.task``'s. The bound is enforced by the enqueuers that know it: give every
+        process that enqueues the task the same ``max_pending``.
         """
         validate_task_name(name)
-        settings = check_settings({"priority": priority, "max_attempts": max_attempts})
+        settings = check_settings(
+            {"priority": priority, "max_attempts": max_attempts, "max_pending": max_pending}
+        )
         if settings["priority"] is None:
             raise TypeError("declare_task(priority=None): give a whole number, or leave it out")
         if settings["max_attempts"] is None:
             settings["max_attempts"] = self.max_attempts
-        self._known.declare(name, TaskDefaults(settings["priority"], settings["max_attempts"]))
+        self._known.declare(
+            name,
+            TaskDefaults(settings["priority"], settings["max_attempts"], settings["max_pending"]),
+        )
+
+    # -- periodic schedules ------------------------------------------------------------------
+
+    def periodic(
+        self,
+        cron: str | None = None,
+        /,
+        *,
+        every: dt.timedelta | None = None,
+        name: str | None = None,
+        timezone: str = "UTC",
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        catch_up: str = "one",
+        catch_up_limit: int | None = None,
+        pass_context: bool = False,
+        **options: Any,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]:
+        """Register a handler as a task and run it on a schedule: a decorator.
+
+        ``@queue.periodic("*/5 * * * *", timezone="Europe/Riga")`` runs the function at
+        every fifth minute of Riga's clock; ``@queue.periodic(every=timedelta(seconds=30))``
+        every 30 seconds (at the multiples of the interval since the Unix epoch). Each tick
+        is enqueued exactly once, whatever the number of workers: every worker runs a
+        scheduler, and a compare-and-set on the schedule's row lets one of them enqueue it.
+        See :class:`~sqla_queue.periodic.Schedule` for the rules of each option.
+
+        Args:
+            cron: a five-field cron expression, evaluated in ``timezone``.
+            every: a fixed interval instead (a ``timedelta``, at least a second).
+            name: the task's name, which is also the schedule's (default: the function's
+                ``module.qualname``).
+            timezone: an IANA zone name for ``cron`` (default ``"UTC"``).
+            args: the positional arguments every tick's job gets (JSON-serializable).
+            kwargs: the keyword arguments every tick's job gets (JSON-serializable).
+            catch_up: what happens to ticks missed while no worker ran: ``"skip"``,
+                ``"one"`` (default: the latest missed tick runs) or ``"all"``.
+            catch_up_limit: with ``"all"``, at most this many missed ticks run (default 100).
+            pass_context: pass a :class:`~sqla_queue.JobContext` first, as with ``task``.
+            **options: the other keywords of ``@queue.task`` (``max_attempts``, ...).
+
+        Raises ``TypeError``/``ValueError`` for a bad option (an invalid cron expression,
+        an unknown time zone) and :class:`~sqla_queue.TaskAlreadyRegisteredError` for a
+        schedule name already in use, all when the decorator is applied, before anything
+        is registered.
+        """
+        from dataclasses import replace
+
+        check_keywords(
+            "Queue.periodic", options, [k for k in TaskKwargs.__annotations__ if k != "name"]
+        )
+        if name is not None:
+            validate_task_name(name)
+        make_task = self.task(name=name, pass_context=pass_context, **options)  # type: ignore[call-overload]
+
+        def register(func: Callable[P, R]) -> Task[P, R]:
+            task_name = (
+                validate_task_name(f"{func.__module__}.{func.__qualname__}")
+                if name is None
+                else name
+            )
+            # Checked before the task is registered, so a bad schedule leaves nothing behind.
+            schedule = self._new_schedule(
+                task_name,
+                cron,
+                every=every,
+                name=task_name,
+                timezone=timezone,
+                args=args,
+                kwargs=kwargs,
+                catch_up=catch_up,
+                catch_up_limit=catch_up_limit,
+            )
+            handle: Task[P, R] = make_task(func)
+            self._schedules[schedule.name] = replace(schedule, handle=handle)
+            return handle
+
+        return register
+
+    def schedule(
+        self,
+        task: Task[Any, Any] | str,
+        cron: str | None = None,
+        /,
+        *,
+        every: dt.timedelta | None = None,
+        name: str | None = None,
+        timezone: str = "UTC",
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        catch_up: str = "one",
+        catch_up_limit: int | None = None,
+    ) -> Schedule:
+        """Run an existing task on a schedule; returns the :class:`~sqla_queue.periodic.Schedule`.
+
+        ``queue.schedule(send_report, "0 6 * * MON", timezone="Europe/Riga",
+        kwargs={"kind": "weekly"})``. ``task`` is a registered task's handle or its name; a
+        handle with per-call options (``send_report.options(priority=5)``) gives them to
+        every tick's job. ``name`` is the schedule's (default: the task's name): give one
+        to schedule a task more than once. The other options are those of :meth:`periodic`.
+        A schedule name already in use raises
+        :class:`~sqla_queue.TaskAlreadyRegisteredError`.
+        """
+        from dataclasses import replace
+
+        handle = self.get_task(task) if isinstance(task, str) else task
+        if not isinstance(handle, Task) or self._tasks.get(handle.name) is None:
+            raise TypeError(
+                f"queue.schedule() needs a task registered on this queue (its handle or its "
+                f"name), got {task!r}"
+            )
+        schedule = self._new_schedule(
+            handle.name,
+            cron,
+            every=every,
+            name=handle.name if name is None else name,
+            timezone=timezone,
+            args=args,
+            kwargs=kwargs,
+            catch_up=catch_up,
+            catch_up_limit=catch_up_limit,
+        )
+        schedule = replace(schedule, handle=handle)
+        self._schedules[schedule.name] = schedule
+        return schedule
+
+    def _new_schedule(
+        self,
+        task: str,
+        cron: str | None,
+        *,
+        every: dt.timedelta | None,
+        name: str,
+        timezone: str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any] | None,
+        catch_up: str,
+        catch_up_limit: int | None,
+    ) -> Schedule:
+        """A checked :class:`~sqla_queue.periodic.Schedule` (no handle yet) with a free name."""
+        from sqla_queue.periodic import DEFAULT_CATCH_UP_LIMIT, Schedule
+
+        if name in self._schedules:
+            raise TaskAlreadyRegisteredError(
+                f"a schedule named {name!r} is already registered (for task "
+                f"{self._schedules[name].task!r}); give this one another name="
+            )
+        return Schedule(
+            name=name,
+            task=task,
+            cron=cron,
+            every=every,
+            timezone=timezone,
+            args=tuple(args) if isinstance(args, list | tuple) else args,  # type: ignore[arg-type]
+            kwargs={} if kwargs is None else kwargs,
+            catch_up=catch_up,
+            catch_up_limit=DEFAULT_CATCH_UP_LIMIT if catch_up_limit is None else catch_up_limit,
+        )
+
+    def schedules(self, session: Session | Connection) -> list[ScheduleState]:
+        """Every schedule with its last tick (from the database) and its next one, by name.
+
+        The registered schedules come first; a row stored by a schedule this code no
+        longer registers follows, with ``registered=False`` (its row stays until deleted
+        by hand; a schedule registered again under its name goes on from its last tick).
+        A schedule no worker has run yet has ``last_tick=None`` and its next tick after now.
+        Reads on ``session``'s transaction; writes nothing.
+        """
+        from sqla_queue.periodic import ScheduleState, next_tick
+        from sqla_queue.statements.periodic import (
+            all_schedules_statement,
+            database_now_statement,
+        )
+
+        now = session.execute(database_now_statement()).scalar_one()
+        stored = {
+            row_name: (row_task, last)
+            for row_name, row_task, last in session.execute(all_schedules_statement(self.tables))
+        }
+        states: list[ScheduleState] = []
+        for schedule_name in sorted(self._schedules):
+            entry = self._schedules[schedule_name]
+            last = stored[schedule_name][1] if schedule_name in stored else None
+            states.append(
+                ScheduleState(
+                    name=schedule_name,
+                    task=entry.task,
+                    schedule=entry.describe,
+                    catch_up=entry.catch_up,
+                    last_tick=last,
+                    next_tick=next_tick(entry, last if last is not None else now),
+                )
+            )
+        for row_name, (row_task, last) in stored.items():
+            if row_name not in self._schedules:
+                states.append(
+                    ScheduleState(
+                        name=row_name,
+                        task=row_task,
+                        schedule="-",
+                        catch_up="-",
+                        last_tick=last,
+                        next_tick=None,
+                        registered=False,
+                    )
+                )
+        return states
 
     @property
     def tasks(self) -> Mapping[str, Task[Any, Any]]:
@@ -281,6 +528,114 @@ class Queue:
     def _defaults_for(self, name: str) -> TaskDefaults:
         """The row defaults of task ``name``; the name's one check (see ``KnownTasks``)."""
         return self._known.lookup(name)
+
+    # -- daemons ---------------------------------------------------------------------------
+
+    @overload
+    def daemon(self, fn: DaemonFn, /) -> DaemonFn: ...
+
+    @overload
+    def daemon(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        instances: int = 1,
+        lost_interval: float | None = None,
+        backoff: DaemonBackoff | None = None,
+    ) -> Callable[[DaemonFn], DaemonFn]: ...
+
+    def daemon(
+        self,
+        fn: DaemonFn | None = None,
+        /,
+        *,
+        name: str | None = None,
+        instances: int = 1,
+        lost_interval: float | None = None,
+        backoff: DaemonBackoff | None = None,
+    ) -> Any:
+        """Register a long-running ``def`` or ``async def`` loop that workers keep alive.
+
+        The function takes one :class:`~sqla_queue.daemons.DaemonContext` and runs until
+        ``ctx.shutdown_requested``. Every worker of the queue supervises it; the database
+        lets exactly ``instances`` copies run at once across all of them. A daemon runs
+        outside the worker's ``concurrency`` (a thread or an event loop of its own). If its
+        worker dies, another worker starts it once ``lost_interval`` (the queue's by
+        default) has passed; if it raises, it restarts after ``backoff`` (1 s, doubling,
+        at most 60 s); if it returns, it restarts after ``backoff.min_delay``. The function
+        is returned unchanged.
+
+        Args:
+            fn: the function, when used bare (``@queue.daemon``).
+            name: the daemon's name, stored in the ``daemons`` table (default:
+                ``module.qualname``); unique among the queue's daemons and tasks.
+            instances: copies to run at once across all workers, 1 to 1000.
+            lost_interval: seconds after its worker stops renewing an instance before
+                another worker may start it (at least 1).
+            backoff: the restart policy after a crash.
+        """
+        from sqla_queue.daemons import DaemonBackoff as Backoff
+        from sqla_queue.daemons import DaemonSpec
+
+        if name is not None:
+            validate_task_name(name)
+        policy = Backoff() if backoff is None else backoff
+
+        def register(func: DaemonFn) -> DaemonFn:
+            daemon_name = f"{func.__module__}.{func.__qualname__}" if name is None else name
+            spec = DaemonSpec(
+                name=daemon_name,
+                function=func,
+                instances=instances,
+                lost_interval=lost_interval,
+                backoff=policy,
+            )
+            if daemon_name in self._daemons:
+                raise TaskAlreadyRegisteredError(
+                    f"daemon {daemon_name!r} is already registered to "
+                    f"{self._daemons[daemon_name].function!r}; give one of them another name="
+                )
+            if daemon_name in self._tasks:
+                raise TaskAlreadyRegisteredError(
+                    f"{daemon_name!r} is already the name of a task; give the daemon another name="
+                )
+            self._daemons[daemon_name] = spec
+            return func
+
+        if fn is not None:
+            return register(fn)
+        return register
+
+    @property
+    def daemons(self) -> Mapping[str, DaemonSpec]:
+        """The registered daemons, by name."""
+        return dict(self._daemons)
+
+    def daemon_status(self, session: Session | Connection) -> list[DaemonStatus]:
+        """Every daemon instance the database knows: its worker, lease, restarts, error.
+
+        One row per (name, instance), created by the first worker that supervises the
+        daemon; ``running`` says whether a worker holds it under an unexpired lease now.
+        """
+        from sqla_queue.daemons import DaemonStatus as Status
+        from sqla_queue.statements.daemons import daemon_status_statement
+
+        rows = session.execute(daemon_status_statement(self.tables)).all()
+        return [
+            Status(
+                name=row.name,
+                instance=row.instance,
+                worker_id=row.worker_id,
+                lease_until=row.lease_until,
+                started_at=row.started_at,
+                restarts=row.restarts,
+                last_error=row.last_error,
+                running=bool(row.running),
+            )
+            for row in rows
+        ]
 
     # -- enqueue ---------------------------------------------------------------------------
 
@@ -554,6 +909,92 @@ class Queue:
             for name in sorted(set(stored) | set(declared))
         }
 
+    def pause(self, session: Session | Connection, task: str) -> None:
+        """Pause ``task`` for every worker: none claims it within its maintenance interval
+        (5 s by default); running jobs finish; enqueues go on and wait for :meth:`resume`.
+
+        Runs in ``session``'s transaction. ``task`` must be registered or declared on this
+        queue (:class:`~sqla_queue.UnknownTaskError` otherwise). Costs nothing to the tasks
+        that are not paused: their claim does not change.
+        """
+        self._known_for("pause", task)
+        set_paused(session, self.tables, task, True)
+
+    def resume(self, session: Session | Connection, task: str) -> None:
+        """Undo :meth:`pause`: workers claim ``task`` again within their maintenance
+        interval. Any valid name is accepted, so a task that is gone can be resumed."""
+        validate_task_name(task)
+        set_paused(session, self.tables, task, False)
+
+    def set_rate_limit(
+        self,
+        session: Session | Connection,
+        task: str,
+        max_starts: int | None,
+        per: float | dt.timedelta = 1.0,
+    ) -> None:
+        """Let ``task`` start at most ``max_starts`` times in any window of ``per`` seconds
+        (or a ``timedelta``), across every worker; ``None`` removes the limit.
+
+        Exact: each start is recorded by the database clock under the task's control row,
+        so no window of ``per`` seconds ever holds more starts, whatever the number of
+        workers. It combines with a concurrency limit. Runs in ``session``'s transaction; a
+        new or removed limit reaches running workers within their maintenance interval (5 s
+        by default), a changed one applies at the next claim.
+        """
+        if max_starts is None:
+            validate_task_name(task)
+            set_rate_limit(session, self.tables, task, None)
+            return
+        checked = RateLimit(*check_rate_limit(max_starts, per))
+        self._known_for("store a rate limit", task)
+        set_rate_limit(session, self.tables, task, checked)
+
+    def controls(self, session: Session | Connection) -> dict[str, TaskControl]:
+        """Every task that is paused or rate-limited, by name (see :meth:`pause`,
+        :meth:`set_rate_limit`)."""
+        return {control.task: control for control in stored_controls(session, self.tables)}
+
+    def status(self, session: Session | Connection, *, scan_cap: int | None = None) -> QueueStatus:
+        """What the queue is doing now: per task counts, limits, pauses and throughput,
+        and the live workers (see :mod:`sqla_queue.status`). Reads only, in ``session``'s
+        transaction: use a fresh one, whose ``now()`` every time window is measured from.
+
+        ``scan_cap`` bounds each walk over the history (default
+        :data:`sqla_queue.status.DEFAULT_SCAN_CAP`); a window that holds more is reported
+        as a lower bound (``capped``). A dashboard polling often passes a smaller one."""
+        from sqla_queue.status import DEFAULT_SCAN_CAP, read_status
+
+        declared = self.worker_plan().declared_limits if self._tasks else {}
+        return read_status(
+            session,
+            self.tables,
+            tasks=self._known.names(),
+            declared_limits=declared,
+            scan_cap=DEFAULT_SCAN_CAP if scan_cap is None else scan_cap,
+        )
+
+    def dashboard(
+        self, bind: Any, *, auth: Callable[[Any], Any] | None = None, **options: Any
+    ) -> Any:
+        """The web dashboard of this queue: an ASGI app to mount in your own.
+
+        ``app.mount("/queue", queue.dashboard(engine, auth=is_admin))``. ``bind`` is an
+        ``Engine``, ``sessionmaker``, ``AsyncEngine`` or ``async_sessionmaker``; without
+        ``auth`` the dashboard is read-only. Needs the ``dashboard`` extra. See
+        :func:`sqla_queue.dashboard.create_dashboard` for ``auth`` and the ``options``.
+        """
+        # Imported here: the core library never imports Starlette.
+        from sqla_queue.dashboard import create_dashboard
+
+        return create_dashboard(self, bind, auth=auth, **options)
+
+    def _known_for(self, doing: str, task: str) -> None:
+        try:
+            self._defaults_for(task)
+        except UnknownTaskError as exc:
+            raise UnknownTaskError(f"cannot {doing}: {exc}") from None
+
     def worker_plan(self, tasks: Sequence[str] | None = None) -> WorkerPlan:
         """What a worker serving ``tasks`` (default: every registered task) needs, resolved.
 
@@ -588,6 +1029,8 @@ class Queue:
             notify=self.notify,
             default_lease=self.lost_interval,
             tasks=runtimes,
+            schedules=tuple(self._schedules.values()),
+            daemons=tuple(self._daemons.values()),
         )
 
     def worker(self, session_factory: sessionmaker[Session], **settings: Any) -> Worker:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict, Unpack
 
 from sqla_queue.core.payload import text_problem
-from sqla_queue.core.times import check_delay, check_due_time
+from sqla_queue.core.times import check_delay, check_due_time, check_seconds
 from sqla_queue.errors import PayloadNotSerializableError
 from sqla_queue.links import AboutRef, about_reference
 
@@ -32,6 +32,7 @@ __all__ = [
     "INT4_MAX",
     "INT4_MIN",
     "MAX_QUEUE_ID",
+    "MAX_WAIT_IF_FULL",
     "ON_DUPLICATE",
     "OPTION_NAMES",
     "UNIQUE_SCOPES",
@@ -43,6 +44,7 @@ __all__ = [
     "check_on_duplicate",
     "check_queue_id",
     "check_unique_scope",
+    "check_wait_if_full",
     "check_whole_number",
     "make_enqueue_options",
 ]
@@ -97,6 +99,17 @@ def check_key_text(option: str, value: object) -> str:
 def check_queue_id(value: object) -> str:
     """``value`` if it can be a ``queue_id``: a non-empty string PostgreSQL can index."""
     return check_key_text("queue_id", value)
+
+
+#: The longest ``wait_if_full``, in seconds: the waiting enqueue keeps the caller's
+#: transaction open, and every other enqueue of the task waits behind it.
+MAX_WAIT_IF_FULL = 3600.0
+
+
+def check_wait_if_full(value: object) -> float:
+    """Seconds (a number or a timedelta) an enqueue may wait for room in a bounded task:
+    finite, ``>= 0``, at most :data:`MAX_WAIT_IF_FULL`."""
+    return check_seconds("wait_if_full", value, maximum=MAX_WAIT_IF_FULL, timedelta=True)
 
 
 #: What ``on_duplicate`` may be: return the holder's id, raise, or replace its arguments.
@@ -157,6 +170,11 @@ class EnqueueKwargs(TypedDict, total=False):
     #: The application row this job is about: a persistent mapped instance, or a
     #: ``(mapped class, primary key)`` pair. See :mod:`sqla_queue.links`.
     about: object | None
+    #: For a task with ``max_pending``: how long an enqueue that finds the task full
+    #: waits for room (seconds or a timedelta, at most :data:`MAX_WAIT_IF_FULL`) before
+    #: it raises :class:`~sqla_queue.QueueFull`. Not given (or 0): it raises at once.
+    #: Ignored for a task without a bound, which is never full.
+    wait_if_full: float | dt.timedelta | None
 
 
 #: The keywords :func:`make_enqueue_options` accepts, in their documented order.
@@ -186,6 +204,8 @@ class EnqueueOptions:
     on_duplicate: str | None = None
     #: ``(table, key)``: the row this job is about (see :mod:`sqla_queue.links`).
     about: AboutRef | None = None
+    #: Seconds to wait for room in a bounded task before raising ``QueueFull``.
+    wait_if_full: float | None = None
 
     def __post_init__(self) -> None:
         if self.run_at is not None and self.delay is not None:
@@ -213,6 +233,8 @@ class EnqueueOptions:
             check_on_duplicate(self.on_duplicate)
         if self.about is not None:
             object.__setattr__(self, "about", about_reference(self.about))
+        if self.wait_if_full is not None:
+            object.__setattr__(self, "wait_if_full", check_wait_if_full(self.wait_if_full))
 
     @property
     def is_unique(self) -> bool:

@@ -60,6 +60,8 @@ SETTING_CHECKS: dict[str, Callable[[object], Any]] = {
     "max_reclaims": lambda value: check_whole_number("max_reclaims", value, 0),
     "retry": _check_retry,
     "transactional": lambda value: _check_flag("transactional", value),
+    # Counted against a bound this big on every enqueue: the count stops at the bound.
+    "max_pending": lambda value: check_whole_number("max_pending", value, 1),
 }
 
 
@@ -107,6 +109,10 @@ class TaskOptions:
     #: Run the handler in ``ctx.session``'s transaction and commit the job's completion
     #: in it: the handler's writes and the job's success land together or not at all.
     transactional: bool = False
+    #: At most this many of the task's jobs wait to run (pending or waiting behind their
+    #: ``queue_id``); an enqueue past it raises :class:`~sqla_queue.QueueFull` or waits
+    #: for room (``wait_if_full``). None: unbounded, and its enqueues pay nothing for it.
+    max_pending: int | None = None
 
 
 class TaskKwargs(TypedDict, total=False):
@@ -134,6 +140,9 @@ class TaskKwargs(TypedDict, total=False):
     #: True to commit the handler's ``ctx.session`` writes and the job's success in one
     #: transaction (needs ``pass_context=True``). See the exactly-once guide.
     transactional: bool | None
+    #: A whole number, at least 1: the most jobs of the task that may wait to run. See
+    #: the bounded queues guide. None (the default): unbounded.
+    max_pending: int | None
 
 
 class Task(Generic[P, R]):

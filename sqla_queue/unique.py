@@ -77,7 +77,7 @@ def _duplicate(spec: JobSpec, holder: int | None) -> DuplicateJobError:
 
 
 def _replacement(spec: JobSpec, job_id: int) -> dict[str, Any]:
-    payload = make_payload(spec.args, spec.kwargs)
+    payload = make_payload(spec.args, spec.kwargs, task=spec.task)
     check_storable(payload, task=spec.task)
     opts = spec.options
     return {

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from alembic_ext.versions import v1, v1_to_v2, v2, v2_to_v3, v3, v3_to_v4, v4
+from alembic_ext.versions import v1, v1_to_v2, v2, v2_to_v3, v3, v3_to_v4, v4, v4_to_v5, v5
 
 __all__ = [
     "LATEST_VERSION",
@@ -45,12 +45,14 @@ _RELEASES: dict[int, _Release] = {
     v2.VERSION: _Release(v2.create_statements, v2.drop_statements, v2.TABLES),
     v3.VERSION: _Release(v3.create_statements, v3.drop_statements, v3.TABLES),
     v4.VERSION: _Release(v4.create_statements, v4.drop_statements, v4.TABLES),
+    v5.VERSION: _Release(v5.create_statements, v5.drop_statements, v5.TABLES),
 }
 # _STEPS[n] goes from version n to n + 1.
 _STEPS: dict[int, _Step] = {
     v1_to_v2.FROM_VERSION: _Step(v1_to_v2.upgrade_statements, v1_to_v2.downgrade_statements),
     v2_to_v3.FROM_VERSION: _Step(v2_to_v3.upgrade_statements, v2_to_v3.downgrade_statements),
     v3_to_v4.FROM_VERSION: _Step(v3_to_v4.upgrade_statements, v3_to_v4.downgrade_statements),
+    v4_to_v5.FROM_VERSION: _Step(v4_to_v5.upgrade_statements, v4_to_v5.downgrade_statements),
 }
 
 LATEST_VERSION = max(_RELEASES)

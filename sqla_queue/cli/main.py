@@ -282,6 +282,14 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--shutdown-timeout", type=_seconds(allow_zero=True), default=30.0, help="grace seconds"
     )
+    worker.add_argument(
+        "--metrics-port",
+        type=_whole_number(1, 65535, "--metrics-port"),
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (needs sqla-queue[prometheus])",
+    )
+    worker.add_argument(
+        "--metrics-host", default="127.0.0.1", help="address of --metrics-port (default: loopback)"
+    )
 
     verify = sub.add_parser(
         "verify", help="check that the database has the queue's schema and privileges"
@@ -384,6 +392,18 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("words", nargs="*", help="list (default) | set TASK N | unset TASK")
     _add_json(limits)
 
+    from sqla_queue.cli.controls import add_control_parsers
+    from sqla_queue.cli.daemons import add_daemons_parser
+    from sqla_queue.cli.dashboard import add_dashboard_parser
+    from sqla_queue.cli.periodic import add_periodic_parser
+    from sqla_queue.cli.status import add_status_parsers
+
+    add_status_parsers(sub)
+    add_control_parsers(sub)
+    add_periodic_parser(sub)
+    add_daemons_parser(sub)
+    add_dashboard_parser(sub)
+
     demo = sub.add_parser("demo", help="a real end-to-end demo: a shop, its orders, 2 workers")
     demo.add_argument("--url", help="database URL (default: $DATABASE_URL, else embedded)")
     demo.add_argument("--orders", type=int, default=3000, help="orders to place")
@@ -420,6 +440,11 @@ def _run_worker(args: argparse.Namespace) -> int:
         "shutdown_timeout": args.shutdown_timeout,
         "tasks": args.tasks.split(",") if args.tasks else None,
     }
+    if args.metrics_port is not None:
+        from sqla_queue.metrics.serve import serve_worker_metrics
+
+        port, host = args.metrics_port, args.metrics_host
+        settings["observers"] = serve_worker_metrics(queue, url, port=port, host=host)
     if args.use_async:
         from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
@@ -786,7 +811,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # parse_known_args lets `limits APP --url X set TASK N` put its words after options.
         args, rest = parser.parse_known_args(argv)
         if rest:
-            if args.command != "limits" or any(word.startswith("-") for word in rest):
+            worded = args.command in ("limits", "rate-limit")
+            if not worded or any(word.startswith("-") for word in rest):
                 parser.error(f"unrecognized arguments: {' '.join(rest)}")
             args.words = [*args.words, *rest]
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed
@@ -794,7 +820,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    commands = {
+    from sqla_queue.cli.controls import run_pause, run_rate_limit, run_resume
+    from sqla_queue.cli.daemons import run_daemons
+    from sqla_queue.cli.dashboard import run_dashboard
+    from sqla_queue.cli.periodic import run_periodic
+    from sqla_queue.cli.status import run_status, run_top
+
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "worker": _run_worker,
         "verify": _verify,
         "failed": _failed,
@@ -804,6 +836,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "result": _result,
         "prune": _prune,
         "limits": _limits,
+        "pause": run_pause,
+        "resume": run_resume,
+        "rate-limit": run_rate_limit,
+        "periodic": run_periodic,
+        "daemons": run_daemons,
+        "dashboard": run_dashboard,
+        "status": run_status,
+        "top": run_top,
         "demo": _demo,
     }
     try:

@@ -161,6 +161,8 @@ class ClaimedJob:
     reclaims: int
     queue_id: str | None
     payload: Any
+    #: When the execution became due (the claim returns it): queue wait is measured from it.
+    execute_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True)

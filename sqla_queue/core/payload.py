@@ -15,6 +15,10 @@ unchanged:
 - nesting at most :data:`MAX_DEPTH` levels, counting the stored document
   ``{"args": [...], "kwargs": {...}}`` itself as two.
 
+A payload may also carry a few string fields beside ``args`` and ``kwargs``: what the
+hooks installed with :func:`add_payload_hook` add (a W3C ``traceparent``, for instance).
+They never change the arguments, and a payload without them decodes as before.
+
 Checking all of that on every enqueue would cost a walk of every payload. The encoder's
 own output proves almost always that no walk is needed (see :func:`text_suspect` and
 :func:`shape_suspect`), so the walk (:func:`find_unstorable`) runs only when the
@@ -24,17 +28,20 @@ encoding fails or its text shows a reason to look.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import reprlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from sqla_queue.errors import PayloadNotSerializableError
 
 __all__ = [
     "MAX_DEPTH",
+    "PayloadHook",
     "Unstorable",
+    "add_payload_hook",
     "check_storable",
     "decode_arguments",
     "dump_json",
@@ -42,6 +49,8 @@ __all__ = [
     "encode_json",
     "find_unstorable",
     "make_payload",
+    "payload_extras",
+    "remove_payload_hook",
     "shape_suspect",
     "text_problem",
     "text_suspect",
@@ -268,9 +277,91 @@ def check_storable(value: Any, *, task: str, what: str = "arguments", strings: b
     raise PayloadNotSerializableError(_message(task, found))
 
 
-def make_payload(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON document stored in ``jobs.payload`` for a call with ``args`` and ``kwargs``."""
-    return {"args": list(args), "kwargs": dict(kwargs)}
+log = logging.getLogger("sqla_queue.payload")
+
+#: Called for each payload made: the task's name (``None`` when the caller does not say)
+#: to the string fields to store beside the arguments, or ``None`` for none.
+PayloadHook = Callable[[str | None], Mapping[str, str] | None]
+
+
+class _Hooks:
+    """The installed hooks. A tuple, replaced whole, so that a payload made on another
+    thread while a hook is added iterates a consistent snapshot without a lock."""
+
+    installed: tuple[PayloadHook, ...] = ()
+
+
+_HOOKS = _Hooks()
+
+#: The payload's own fields: a hook cannot replace them.
+_ARGUMENT_FIELDS = frozenset({"args", "kwargs"})
+
+
+def add_payload_hook(hook: PayloadHook) -> None:
+    """Call ``hook`` for every payload this process makes from now on.
+
+    The seam the enqueue-side integrations use (tracing injects the current trace context,
+    metrics count enqueues), so that the enqueue path itself knows nothing of them.
+    Without a hook, making a payload costs what it always did. A hook that raises is
+    logged and ignored: observing must never fail an enqueue. Fields it returns named
+    ``args`` or ``kwargs``, or that are not strings PostgreSQL can store, are dropped.
+    Adding a hook twice is a no-op.
+    """
+    if hook not in _HOOKS.installed:
+        _HOOKS.installed = (*_HOOKS.installed, hook)
+
+
+def remove_payload_hook(hook: PayloadHook) -> None:
+    """Stop calling ``hook`` (a no-op if it is not installed)."""
+    _HOOKS.installed = tuple(h for h in _HOOKS.installed if h != hook)
+
+
+def make_payload(
+    args: Sequence[Any], kwargs: Mapping[str, Any], *, task: str | None = None
+) -> dict[str, Any]:
+    """The JSON document stored in ``jobs.payload`` for a call with ``args`` and ``kwargs``.
+
+    ``task`` names the task the payload is for, for the hooks (see :func:`add_payload_hook`).
+    """
+    payload = {"args": list(args), "kwargs": dict(kwargs)}
+    hooks = _HOOKS.installed
+    if hooks:
+        _add_extras(payload, task, hooks)
+    return payload
+
+
+def _add_extras(payload: dict[str, Any], task: str | None, hooks: tuple[PayloadHook, ...]) -> None:
+    for hook in hooks:
+        try:
+            extras = hook(task)
+        except Exception:
+            log.warning("payload hook %r failed; enqueuing without it", hook, exc_info=True)
+            continue
+        if not extras:
+            continue
+        for key, value in extras.items():
+            # Only flat strings: they add no object or array to the encoded text, so the
+            # enqueue's proof that a payload needs no walk (shape_suspect) still holds.
+            if (
+                isinstance(key, str)
+                and isinstance(value, str)
+                and key not in _ARGUMENT_FIELDS
+                and text_problem(key) is None
+                and text_problem(value) is None
+            ):
+                payload[key] = value
+
+
+def payload_extras(payload: Any) -> dict[str, str]:
+    """The string fields a stored payload carries beside its arguments (see
+    :func:`add_payload_hook`); empty for a payload without any, or of another shape."""
+    if not isinstance(payload, dict) or len(payload) <= 2:
+        return {}
+    return {
+        key: value
+        for key, value in payload.items()
+        if key not in _ARGUMENT_FIELDS and isinstance(key, str) and isinstance(value, str)
+    }
 
 
 def dump_json(value: Any, *, task: str, what: str = "arguments") -> str:
@@ -301,7 +392,8 @@ def decode_arguments(payload: Any) -> tuple[list[Any], dict[str, Any]]:
     """Split a stored payload into positional and keyword arguments.
 
     Raises ``ValueError`` for a row whose payload does not have the shape enqueue writes,
-    which the worker records as the job's failure instead of crashing.
+    which the worker records as the job's failure instead of crashing. Fields beside
+    ``args`` and ``kwargs`` (see :func:`payload_extras`) are not arguments: they are left out.
     """
     if not isinstance(payload, dict):
         raise ValueError(f"malformed payload: expected a JSON object, got {type(payload).__name__}")

@@ -10,6 +10,13 @@ keeps their cost (and vacuum's) independent of how much history ``jobs`` holds.
 ``task_limits`` holds the concurrency limits stored at run time, and ``unique_keys``
 (schema version 4) the unique job keys, one row per key: only the enqueues of unique jobs
 read or write it.
+
+Version 5 adds time and capacity: ``task_controls`` (a paused flag and a rate limit per
+task, stored at run time), ``rate_starts`` (the recent starts of rate-limited tasks, by the
+database clock), ``schedules`` (each periodic schedule's last enqueued tick) and
+``daemons`` (each daemon instance's current owner and lease) and ``workers`` (the live
+workers, for ``sqla-queue status`` and the dashboard). Only the features that use them read
+or write them.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from sqlalchemy import (
     Uuid,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.elements import conv
 
 from sqla_queue._identifiers import validate_prefix, validate_schema
@@ -60,7 +67,7 @@ DEFAULT_PREFIX = "sqla_queue_"
 
 #: The schema version that these models describe. Each released version is frozen in
 #: ``alembic_ext`` so that an old migration never changes meaning.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # How the executions table's comment records the schema version, written and read here only.
 _VERSION_COMMENT = "sqla_queue schema version {}"
@@ -139,8 +146,28 @@ class QueueTables:
     executions: Table
     limits: Table
     unique_keys: Table
+    controls: Table
+    rate_starts: Table
+    schedules: Table
+    daemons: Table
+    workers: Table
     schema: str | None
     prefix: str
+
+    @property
+    def all(self) -> tuple[Table, ...]:
+        """Every table of the queue, in creation order (each one's referents first)."""
+        return (
+            self.jobs,
+            self.executions,
+            self.limits,
+            self.unique_keys,
+            self.controls,
+            self.rate_starts,
+            self.schedules,
+            self.daemons,
+            self.workers,
+        )
 
     @property
     def notify_channel(self) -> str:
@@ -413,11 +440,102 @@ def build_tables(
         schema=schema,
         comment="sqla_queue: unique job keys, each held by one job while its scope lasts",
     )
+    # Version 5: a bounded task's enqueue counts its waiting executions by task (its
+    # pending ones are counted in the two claim indexes, whose first column is the task).
+    Index(
+        conv(f"{exec_name}_task_waiting_ix"),
+        executions.c.task,
+        postgresql_where=executions.c.state == ExecutionState.WAITING,
+    )
+    controls_name = f"{prefix}task_controls"
+    controls = Table(
+        controls_name,
+        metadata,
+        Column("task", Text, nullable=False),
+        Column("paused", Boolean, nullable=False, server_default=text("false")),
+        # At most rate_max starts in any window of rate_seconds, across every worker.
+        Column("rate_max", Integer, nullable=True),
+        Column("rate_seconds", Double, nullable=True),
+        Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+        PrimaryKeyConstraint("task", name=conv(f"{controls_name}_pkey")),
+        CheckConstraint(
+            "(rate_max IS NULL) = (rate_seconds IS NULL) AND rate_max >= 1 AND rate_seconds > 0",
+            name=conv(f"{controls_name}_rate_ck"),
+        ),
+        schema=schema,
+        comment="sqla_queue: pause and rate limit per task, shared by every worker",
+    )
+    starts_name = f"{prefix}rate_starts"
+    rate_starts = Table(
+        starts_name,
+        metadata,
+        Column("task", Text, nullable=False),
+        # The database clock when the claim took the start, under the task's control row.
+        Column("started_at", DateTime(timezone=True), nullable=False),
+        Column("job_id", BigInteger, nullable=False),
+        PrimaryKeyConstraint("task", "started_at", "job_id", name=conv(f"{starts_name}_pkey")),
+        schema=schema,
+        comment="sqla_queue: recent starts of rate-limited tasks",
+    )
+    schedules_name = f"{prefix}schedules"
+    schedules = Table(
+        schedules_name,
+        metadata,
+        Column("name", Text, nullable=False),
+        Column("task", Text, nullable=False),
+        # The latest tick enqueued (or passed over by the catch-up policy).
+        Column("last_tick", DateTime(timezone=True), nullable=False),
+        Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+        PrimaryKeyConstraint("name", name=conv(f"{schedules_name}_pkey")),
+        schema=schema,
+        comment="sqla_queue: periodic schedules, each with its last enqueued tick",
+    )
+    daemons_name = f"{prefix}daemons"
+    daemons = Table(
+        daemons_name,
+        metadata,
+        Column("name", Text, nullable=False),
+        Column("instance", Integer, nullable=False),
+        # The worker running this instance, until lease_until; NULL when nobody does.
+        Column("worker_id", Uuid, nullable=True),
+        Column("lease_until", DateTime(timezone=True), nullable=True),
+        Column("started_at", DateTime(timezone=True), nullable=True),
+        Column("restarts", Integer, nullable=False, server_default=text("0")),
+        Column("last_error", Text, nullable=True),
+        Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+        PrimaryKeyConstraint("name", "instance", name=conv(f"{daemons_name}_pkey")),
+        schema=schema,
+        comment="sqla_queue: daemon instances and the worker that runs each",
+    )
+    workers_name = f"{prefix}workers"
+    workers = Table(
+        workers_name,
+        metadata,
+        Column("worker_id", Uuid, nullable=False),
+        Column("hostname", Text, nullable=False),
+        Column("pid", Integer, nullable=False),
+        Column("tasks", ARRAY(Text), nullable=False),
+        Column("concurrency", Integer, nullable=False),
+        # What the worker ran, as of its last beat: handlers running, jobs finished.
+        Column("running", Integer, nullable=False, server_default=text("0")),
+        Column("finished", BigInteger, nullable=False, server_default=text("0")),
+        Column("started_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+        # The worker's last beat; a row not seen for a while is stale and expires.
+        Column("seen_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+        PrimaryKeyConstraint("worker_id", name=conv(f"{workers_name}_pkey")),
+        schema=schema,
+        comment="sqla_queue: live workers, each refreshed by its own beats",
+    )
     tables = QueueTables(
         jobs=jobs,
         executions=executions,
         limits=limits,
         unique_keys=unique_keys,
+        controls=controls,
+        rate_starts=rate_starts,
+        schedules=schedules,
+        daemons=daemons,
+        workers=workers,
         schema=schema,
         prefix=prefix,
     )
@@ -428,5 +546,10 @@ def build_tables(
     executions.info["sqla_queue"] = {**info, "role": "executions"}
     limits.info["sqla_queue"] = {**info, "role": "limits"}
     unique_keys.info["sqla_queue"] = {**info, "role": "unique_keys"}
+    controls.info["sqla_queue"] = {**info, "role": "controls"}
+    rate_starts.info["sqla_queue"] = {**info, "role": "rate_starts"}
+    schedules.info["sqla_queue"] = {**info, "role": "schedules"}
+    daemons.info["sqla_queue"] = {**info, "role": "daemons"}
+    workers.info["sqla_queue"] = {**info, "role": "workers"}
     metadata.info.setdefault("sqla_queue", []).append(tables)
     return tables

@@ -14,13 +14,9 @@ def create_queue_schema(connection: Connection, tables: QueueTables) -> None:
     """Create the schema (if named and absent) and the queue's tables and indexes."""
     if tables.schema is not None:
         connection.execute(CreateSchema(tables.schema, if_not_exists=True))
-    tables.jobs.metadata.create_all(
-        connection, tables=[tables.jobs, tables.executions, tables.limits, tables.unique_keys]
-    )
+    tables.jobs.metadata.create_all(connection, tables=list(tables.all))
 
 
 def drop_queue_schema(connection: Connection, tables: QueueTables) -> None:
     """Drop the queue's tables; the schema itself is left, it may hold the host's tables."""
-    tables.jobs.metadata.drop_all(
-        connection, tables=[tables.unique_keys, tables.limits, tables.executions, tables.jobs]
-    )
+    tables.jobs.metadata.drop_all(connection, tables=list(reversed(tables.all)))

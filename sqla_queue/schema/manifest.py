@@ -139,7 +139,7 @@ def constraint_kind(contype: str) -> str:
 def required_objects(tables: QueueTables) -> list[RequiredObject]:
     """Every table, column, index and named constraint the queue needs, sorted."""
     found: list[RequiredObject] = []
-    for table in (tables.jobs, tables.executions, tables.limits, tables.unique_keys):
+    for table in tables.all:
         found += _objects_of(table)
     return sorted(found)
 
@@ -175,13 +175,27 @@ def required_privileges(tables: QueueTables, schema: str) -> list[RequiredPrivil
 
     ``USAGE`` on the schema; ``SELECT``, ``INSERT``, ``UPDATE`` and ``DELETE`` on the jobs,
     executions and unique keys tables (an enqueue with a unique key takes or updates its
-    row there, and the key is released and pruned later); ``SELECT`` on the limits table,
-    which every claim reads. Writing the limits table is for the operators who change
-    limits (:data:`ADMIN_LIMIT_PRIVILEGES`), not required here. These are exactly the
-    deployment guide's application-role grants.
+    row there, and the key is released and pruned later) and on the tables the worker's
+    own bookkeeping writes (the starts of rate-limited tasks, the periodic schedules' last
+    ticks, the daemons' owners, the live workers); ``SELECT`` on the limits table, which
+    every claim reads;
+    ``SELECT`` and ``UPDATE`` on the task controls, which the maintenance reads and a claim
+    of a rate-limited task locks (``FOR UPDATE``). Writing the limits and the controls is
+    for the operators who change them (:data:`ADMIN_LIMIT_PRIVILEGES`), not required here.
+    These are exactly the deployment guide's application-role grants.
     """
     needed = [RequiredPrivilege("schema", schema, "USAGE")]
-    for table in (tables.jobs, tables.executions, tables.unique_keys):
+    written = (
+        tables.jobs,
+        tables.executions,
+        tables.unique_keys,
+        tables.rate_starts,
+        tables.schedules,
+        tables.daemons,
+        tables.workers,
+    )
+    for table in written:
         needed += [RequiredPrivilege("table", table.name, p) for p in DATA_PRIVILEGES]
     needed.append(RequiredPrivilege("table", tables.limits.name, "SELECT"))
+    needed += [RequiredPrivilege("table", tables.controls.name, p) for p in ("SELECT", "UPDATE")]
     return needed

@@ -164,9 +164,7 @@ def _found_shape(kind: str, detail: str | None) -> str:
 
 
 def _table_names(tables: QueueTables) -> list[str]:
-    return sorted(
-        {tables.jobs.name, tables.executions.name, tables.limits.name, tables.unique_keys.name}
-    )
+    return sorted({table.name for table in tables.all})
 
 
 def inspect_schema(connection: Connection, tables: QueueTables) -> SchemaReport:

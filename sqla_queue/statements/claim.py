@@ -23,6 +23,7 @@ from sqlalchemy import (
     ColumnElement,
     Double,
     Integer,
+    Interval,
     Select,
     Text,
     Uuid,
@@ -30,9 +31,11 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    delete,
     exists,
     false,
     func,
+    insert,
     literal_column,
     null,
     or_,
@@ -45,9 +48,15 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.statements._common import ONE, PENDING, RUNNING
+from sqla_queue.statements._common import ONE, PENDING, RUNNING, seconds
 
-__all__ = ["ClaimParams", "LimitedClaimParams", "claim_statement"]
+__all__ = [
+    "ClaimParams",
+    "LimitedClaimParams",
+    "LimitedRatedClaimParams",
+    "RatedClaimParams",
+    "claim_statement",
+]
 
 
 class ClaimParams(TypedDict):
@@ -71,6 +80,26 @@ class LimitedClaimParams(ClaimParams):
     limit_map: str
     #: A random non-negative int, new for each claim: where the free-seat search starts.
     seat_offset: int
+
+
+class RatedClaimParams(ClaimParams):
+    """Parameters of the claim of one rate-limited task (``claim_statement(tables,
+    rated=True)``); ``tasks`` names that task alone."""
+
+    #: The rate-limited task, whose control row the transaction has locked.
+    rate_task: str
+
+
+class LimitedRatedClaimParams(LimitedClaimParams):
+    """Parameters of the claim of one task that has both a rate limit and a concurrency
+    limit (``claim_statement(tables, limited=True, rated=True)``)."""
+
+    rate_task: str
+
+
+#: How long a recorded start outlives its rate window: operators can still see, for a
+#: minute, what the limit let through.
+RATE_START_RETENTION = literal_column("interval '60 seconds'", Interval)
 
 
 def _batch_size() -> Any:
@@ -233,7 +262,9 @@ def _next_due(tables: QueueTables, levels: CTE) -> CTE:
     )
 
 
-def claim_statement(tables: QueueTables, *, limited: bool = False) -> Select[*tuple[Any, ...]]:
+def claim_statement(
+    tables: QueueTables, *, limited: bool = False, rated: bool = False
+) -> Select[*tuple[Any, ...]]:
     """Build the claim statement for ``tables``.
 
     Shape, in one round trip:
@@ -257,16 +288,26 @@ def claim_statement(tables: QueueTables, *, limited: bool = False) -> Select[*tu
 
     With ``limited``, fresh claims of tasks that have a concurrency limit (declared in code
     or stored in the limits table) take a capacity slot; see :func:`_limited_picks`.
+
+    With ``rated``, the claim is of one rate-limited task (``tasks`` names it alone, and
+    ``rate_task`` too), run after :func:`~sqla_queue.statements.controls.rate_lock_statement`
+    in the same transaction; see :func:`_rate_gate`. It takes at most the starts the
+    task's window has left, records each start, and returns ``rate_allowance`` and
+    ``rate_free_at`` (when the window next lets a start through) beside ``next_due``.
     """
     ex = tables.executions
     jobs = tables.jobs
     tasks = bindparam("tasks", type_=ARRAY(Text))
     levels = _levels(tables, tasks)
+    gate = _rate_gate(tables) if rated else None
+    cap = _batch_size()
+    if gate is not None:
+        cap = func.least(cap, select(gate.c.allowance).scalar_subquery())
     if limited:
-        picks, slot = _limited_picks(tables, tasks, levels)
+        picks, slot = _limited_picks(tables, tasks, levels, cap)
         extra = {"slot": slot}
     else:
-        picks = _plain_picks(tables, tasks, levels)
+        picks = _plain_picks(tables, tasks, levels, cap)
         extra = {}
     lease = func.coalesce(
         cast(
@@ -288,11 +329,11 @@ def claim_statement(tables: QueueTables, *, limited: bool = False) -> Select[*tu
             lease_seconds=lease,
             **extra,
         )
-        .returning(ex.c.id, ex.c.attempt, ex.c.reclaims, ex.c.queue_id, ex.c.task)
+        .returning(ex.c.id, ex.c.attempt, ex.c.reclaims, ex.c.queue_id, ex.c.task, ex.c.execute_at)
         .cte("claimed")
     )
     next_due = _next_due(tables, levels)
-    return select(
+    columns = [
         next_due.c.at.label("next_due"),
         claimed.c.id,
         claimed.c.attempt,
@@ -301,13 +342,95 @@ def claim_statement(tables: QueueTables, *, limited: bool = False) -> Select[*tu
         claimed.c.task,
         jobs.c.payload,
         jobs.c.max_attempts,
-        # Outer: an execution whose job row was deleted by hand comes back with a NULL
-        # payload, and the worker fails it, instead of holding it unseen until reclaimed.
-    ).select_from(next_due.outerjoin(claimed.outerjoin(jobs, jobs.c.id == claimed.c.id), true()))
+        claimed.c.execute_at,
+    ]
+    # Outer: an execution whose job row was deleted by hand comes back with a NULL
+    # payload, and the worker fails it, instead of holding it unseen until reclaimed.
+    source = next_due.outerjoin(claimed.outerjoin(jobs, jobs.c.id == claimed.c.id), true())
+    if gate is None:
+        return select(*columns).select_from(source)
+    recorded, pruned = _rate_bookkeeping(tables, gate, claimed)
+    free_at = case((gate.c.rate_max.is_(None), null()), else_=gate.c.free_at)
+    return (
+        select(
+            *columns,
+            gate.c.allowance.label("rate_allowance"),
+            free_at.label("rate_free_at"),
+        )
+        .select_from(source.join(gate, true()))
+        .add_cte(recorded, pruned)
+    )
 
 
-def _plain_picks(tables: QueueTables, tasks: Any, levels: CTE) -> CTE:
-    """The picks of a claim without concurrency limits: the best ``batch`` of every slice."""
+def _rate_gate(tables: QueueTables) -> CTE:
+    """The rate window of ``rate_task``, read once: ``(at, rate_max, rate_seconds,
+    allowance, free_at)``, always one row.
+
+    ``at`` is the database clock read after the control row's lock was granted (the lock
+    statement ran first), so the ``at`` of successive claims of the task increase in lock
+    order. ``allowance`` is the starts left in the window ``(at - rate_seconds, at]``:
+    ``rate_max`` less the starts recorded in it. Every start this claim makes is recorded
+    at ``at``, so any window of ``rate_seconds`` ending at a recorded start holds at most
+    ``rate_max`` of them: the limit is exact across workers. ``free_at`` is when the oldest
+    start in the window leaves it. A task without a stored rate gets the whole batch.
+    """
+    c = tables.controls
+    s = tables.rate_starts
+    rate_task = bindparam("rate_task", type_=Text)
+    now = select(func.clock_timestamp().label("at")).subquery("clock")
+    control = select(c.c.rate_max, c.c.rate_seconds).where(c.c.task == rate_task).subquery("ctl")
+    window_start = now.c.at - seconds(control.c.rate_seconds)
+    in_window = (s.c.task == rate_task, s.c.started_at > window_start)
+    # Index range scans of rate_starts' primary key, bounded by the limit itself.
+    started = select(func.count()).where(*in_window).scalar_subquery()
+    oldest = select(func.min(s.c.started_at)).where(*in_window).scalar_subquery()
+    allowance = case(
+        (control.c.rate_max.is_(None), _batch_size()),
+        else_=func.greatest(control.c.rate_max - started, 0),
+    )
+    free_at = func.coalesce(oldest, now.c.at) + seconds(control.c.rate_seconds)
+    return (
+        select(
+            now.c.at,
+            control.c.rate_max,
+            control.c.rate_seconds,
+            allowance.label("allowance"),
+            free_at.label("free_at"),
+        )
+        .select_from(now.outerjoin(control, true()))
+        .cte("gate")
+        .prefix_with("MATERIALIZED")
+    )
+
+
+def _rate_bookkeeping(tables: QueueTables, gate: CTE, claimed: CTE) -> tuple[CTE, CTE]:
+    """Record this claim's starts at the gate's ``at``, and drop the task's starts that no
+    window needs any more (older than the window and a minute's retention)."""
+    s = tables.rate_starts
+    recorded = (
+        insert(s)
+        .from_select(
+            ["task", "started_at", "job_id"],
+            select(claimed.c.task, gate.c.at, claimed.c.id)
+            .select_from(claimed.join(gate, true()))
+            .where(gate.c.rate_max.is_not(None)),
+        )
+        .cte("recorded")
+    )
+    horizon = select(
+        gate.c.at - seconds(func.coalesce(gate.c.rate_seconds, 0)) - RATE_START_RETENTION
+    ).scalar_subquery()
+    pruned = (
+        delete(s)
+        .where(s.c.task == bindparam("rate_task", type_=Text), s.c.started_at < horizon)
+        .cte("pruned")
+    )
+    return recorded, pruned
+
+
+def _plain_picks(tables: QueueTables, tasks: Any, levels: CTE, cap: Any) -> CTE:
+    """The picks of a claim without concurrency limits: the best ``cap`` (the batch, or
+    less under a rate limit) of every slice's first ``batch``."""
     batch = _batch_size()
     fresh = _ready(tables, levels, batch, "fresh")
     v, seated = _seated(tables, tasks, batch)
@@ -315,10 +438,12 @@ def _plain_picks(tables: QueueTables, tasks: Any, levels: CTE) -> CTE:
         select(fresh).select_from(levels.join(fresh, true())),
         select(seated).select_from(v.join(seated, true())),
     ).subquery("both_")
-    return select(both.c.id).order_by(*_claim_order(both)).limit(batch).cte("candidates")
+    return select(both.c.id).order_by(*_claim_order(both)).limit(cap).cte("candidates")
 
 
-def _limited_picks(tables: QueueTables, tasks: Any, levels: CTE) -> tuple[CTE, ColumnElement[Any]]:
+def _limited_picks(
+    tables: QueueTables, tasks: Any, levels: CTE, cap: Any
+) -> tuple[CTE, ColumnElement[Any]]:
     """The picks of a claim that respects concurrency limits, and each pick's slot.
 
     * ``room``: per limited task of the worker, its limit (the stored one, else the one
@@ -401,7 +526,7 @@ def _limited_picks(tables: QueueTables, tasks: Any, levels: CTE) -> tuple[CTE, C
     picked = (
         select(both.c.id, both.c.task, both.c.slot, both.c.k, both.c.gated)
         .order_by(*_claim_order(both))
-        .limit(batch)
+        .limit(cap)
         .cte("picked")
     )
     slot = func.coalesce(picked.c.slot, seats.c.seat)

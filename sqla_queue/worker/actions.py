@@ -31,14 +31,20 @@ class Flush:
 
 @dataclass(frozen=True)
 class Claim:
-    """Claim up to ``size`` executions (one claim statement)."""
+    """Claim up to ``size`` executions (one claim statement).
+
+    With ``rated``, claim only that rate-limited task, under its control row's lock (two
+    statements: the lock, then the rated claim).
+    """
 
     size: int
+    rated: str | None = None
 
 
 @dataclass(frozen=True)
 class Maintain:
-    """Periodic upkeep: reclaim lost executions, re-read the stored limits, sweep keys."""
+    """Periodic upkeep: reclaim lost executions, re-read the stored limits, pauses and
+    rate limits, sweep keys."""
 
 
 @dataclass(frozen=True)

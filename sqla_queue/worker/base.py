@@ -12,11 +12,13 @@ from sqlalchemy.engine import URL
 
 from sqla_queue._sqlstate import is_unique_violation_of
 from sqla_queue.core.outcomes import ClaimedJob
+from sqla_queue.instrumentation import combine_observers
 from sqla_queue.worker.background import Heartbeater, Listener, libpq_url
 from sqla_queue.worker.context import JobContext
 from sqla_queue.worker.core import ContextFactory, WorkerCore
 from sqla_queue.worker.handlers import HandlerPool, HandlerRunner, InTransaction
 from sqla_queue.worker.plan import WorkerPlan
+from sqla_queue.worker.services import ServiceEnv, WorkerService
 from sqla_queue.worker.settings import WorkerSettings
 
 __all__ = ["RunStats", "WorkerBase", "bound_engine"]
@@ -63,6 +65,7 @@ class WorkerBase:
         self.core: WorkerCore | None = None
         self._stop_before_start = False
         self._race_indexes = {str(ix.name) for ix in plan.tables.executions.indexes if ix.unique}
+        self._services: list[WorkerService] = []
 
     def stop(self) -> None:
         """Ask a running ``run()`` to shut down gracefully. Safe from any thread.
@@ -90,6 +93,9 @@ class WorkerBase:
             stop=lambda exc: core.handler_raised(exc, time.monotonic()),
             transaction=InTransaction(core.guard, core.complete_statement, core.worker_id),
             settle=core.settled,
+            observer=combine_observers(self.settings.observers)
+            if self.settings.observers
+            else None,
         )
 
     @staticmethod
@@ -147,21 +153,62 @@ class WorkerBase:
         pool = HandlerPool(self.settings.concurrency)
         heartbeater = Heartbeater(core, engine, core.heartbeat_interval)
         heartbeater.start()
+        self._services = [] if core.burst else self._new_services(core, engine)
+        for service in self._services:
+            service.start()
         listener = None
         if core.listen:
             listener = Listener(libpq_url(url), self.plan.tables.notify_channel, core.notified)
             listener.start()
         return pool, heartbeater, listener
 
-    @staticmethod
+    def _new_services(self, core: WorkerCore, engine: Engine) -> list[WorkerService]:
+        """The background services of this worker: its entry in the workers registry, the
+        scheduler of the queue's periodic jobs and the supervisor of its daemons (these two
+        only when there is something to run).
+
+        A burst run (``run(burst=True)``, a drain) starts none: it runs what is due.
+        """
+        from sqla_queue.worker.registry import WorkerRegistry
+
+        env = ServiceEnv(
+            tables=self.plan.tables,
+            engine=engine,
+            worker_id=core.worker_id,
+            session_factory=self.session_factory,
+            maintenance_interval=core.reclaim_interval,
+            lease=self.plan.default_lease,
+            shutdown_timeout=self.settings.shutdown_timeout,
+            stop_flag=core.stop_flag,
+            tasks=tuple(self.plan.task_names),
+            concurrency=self.settings.concurrency,
+            running_count=lambda: core.running_count,
+            worker_stats=lambda: core.stats,
+        )
+        services: list[WorkerService] = [WorkerRegistry(env)]
+        if self.plan.schedules:
+            from sqla_queue.worker.scheduler import Scheduler
+
+            services.append(Scheduler(env, self.plan.schedules))
+        if self.plan.daemons:
+            from sqla_queue.worker.daemons import DaemonSupervisor
+
+            services.append(DaemonSupervisor(env, self.plan.daemons))
+        return services
+
     def _stop_background(
-        pool: HandlerPool, heartbeater: Heartbeater, listener: Listener | None
+        self, pool: HandlerPool, heartbeater: Heartbeater, listener: Listener | None
     ) -> None:
         """Halt the worker's threads and wait (boundedly) until they have ended.
 
         Idle handler threads end at once; one still running a handler past the shutdown
-        timeout is left behind (a daemon: its job was handed back already).
+        timeout is left behind (a daemon: its job was handed back already). Services were
+        told to stop with the worker's stop flag; each gets the shutdown timeout to end.
         """
+        for service in self._services:
+            service.request_stop()
+        for service in self._services:
+            service.join(self.settings.shutdown_timeout + THREAD_JOIN_TIMEOUT)
         heartbeater.halt.set()
         if listener is not None:
             listener.halt.set()

@@ -29,8 +29,15 @@ from sqla_queue.core.outcomes import (
 )
 from sqla_queue.core.payload import decode_arguments
 from sqla_queue.errors import UnknownTaskError, WorkerStoppedError
-from sqla_queue.statements.claim import LimitedClaimParams
+from sqla_queue.instrumentation import job_log_fields, notify_lost
+from sqla_queue.statements.claim import LimitedClaimParams, LimitedRatedClaimParams
 from sqla_queue.statements.complete import CompleteParams
+from sqla_queue.statements.controls import (
+    ControlledTasksParams,
+    RateLockParams,
+    controlled_tasks_statement,
+    rate_lock_statement,
+)
 from sqla_queue.statements.keys import CleanupParams, KeysParams, SweepParams
 from sqla_queue.statements.limits import LimitedTasksParams
 from sqla_queue.statements.liveness import HeartbeatParams, ReclaimParams
@@ -122,6 +129,20 @@ class WorkerCore:
         tables = plan.tables
         self._claim_plain = statements.claim_statement(tables)
         self._claim_limited = statements.claim_statement(tables, limited=True)
+        self._claim_rated = statements.claim_statement(tables, rated=True)
+        self._claim_rated_limited = statements.claim_statement(tables, limited=True, rated=True)
+        self._rate_lock = rate_lock_statement(tables)
+        self._controls_statement = controlled_tasks_statement(tables)
+        #: Tasks an operator paused (not claimed), and rate-limited ones (claimed alone,
+        #: under their control row's lock), as the last maintenance read them.
+        self.paused: set[str] = set()
+        self.rated: set[str] = set()
+        # Per rated task: when to claim it next, and until when its window is full (both
+        # on the monotonic clock of next_action).
+        self._rated_poll: dict[str, float] = {}
+        self._rated_full_until: dict[str, float] = {}
+        # Rated tasks whose last claim found nothing due (a burst run may stop on them).
+        self._rated_empty: set[str] = set()
         self._limits_statement = statements.limited_tasks_statement(tables)
         self.complete_statement = statements.complete_statement(tables)
         self.heartbeat_statement = statements.heartbeat_statement(tables)
@@ -203,8 +224,11 @@ class WorkerCore:
         return self._stop_deadline is not None
 
     def notified(self) -> None:
-        """An enqueue notification arrived: poll at once."""
+        """An enqueue notification arrived: poll at once (a rated task: once its window
+        lets a start through)."""
         self._next_poll = 0.0
+        for task in self._rated_poll:
+            self._rated_poll[task] = 0.0
         self._wake()
 
     # -- the decision ------------------------------------------------------------------------
@@ -232,20 +256,45 @@ class WorkerCore:
             wait = self._ack_wait(now, running)
             if wait > 0:
                 return Wait(wait)
-            if free > 0 and now >= self._next_poll:
+            if free > 0 and now >= self._next_poll and self._claim_params["tasks"]:
                 return Flush(claim=min(free, self.settings.claim_batch))
             return Flush()
         if now >= self._next_reclaim:
             self._next_reclaim = now + self.reclaim_interval
             return Maintain()
-        if free > 0 and now >= self._next_poll:
+        rated_due = self._rated_due(now) if free > 0 else None
+        if rated_due is not None:
+            return Claim(min(free, self.settings.claim_batch), rated=rated_due)
+        if free > 0 and now >= self._next_poll and self._claim_params["tasks"]:
             return Claim(min(free, self.settings.claim_batch))
-        if self.burst and running == 0 and self._last_claim_empty and not self._keys:
+        if self.burst and running == 0 and self._idle():
             return Stop()
         deadline = self._next_reclaim
         if free > 0:
-            deadline = min(deadline, self._next_poll)
+            plain = [self._next_poll] if self._claim_params["tasks"] else []
+            deadline = min(deadline, *plain, *self._rated_times())
         return Wait(max(0.0, min(deadline - now, self.settings.poll_interval)))
+
+    def _rated_times(self) -> list[float]:
+        """When each rated task may be claimed next: polled, and its window not full."""
+        return [
+            max(self._rated_poll.get(task, 0.0), self._rated_full_until.get(task, 0.0))
+            for task in sorted(self.rated)
+        ]
+
+    def _rated_due(self, now: float) -> str | None:
+        """The rated task to claim now, if any: the one waiting longest."""
+        due = [
+            (at, task)
+            for at, task in zip(self._rated_times(), sorted(self.rated), strict=True)
+            if at <= now
+        ]
+        return min(due)[1] if due else None
+
+    def _idle(self) -> bool:
+        """A burst run may stop: the last claims found nothing and no key owes a promotion."""
+        plain_idle = self._last_claim_empty or not self._claim_params["tasks"]
+        return plain_idle and self.rated <= self._rated_empty and not self._keys
 
     def _ack_wait(self, now: float, running: int) -> float:
         """How long to hold buffered outcomes so that more join the same ack.
@@ -285,6 +334,8 @@ class WorkerCore:
                 lambda: self._restore_keys(keys),
             )
         size = action.claim if isinstance(action, Flush) else action.size
+        if isinstance(action, Claim) and action.rated is not None:
+            return self._rated_unit(action.rated, size, now, make_context)
         claim_step = [Step(self.claim_statement, self.claim_params(size))] if size else []
         if isinstance(action, Claim):
             keys, key_steps = self._key_steps()
@@ -320,6 +371,26 @@ class WorkerCore:
             [Step(self.complete_statement, params), *key_steps, *claim_step],
             flushed,
             flush_failed,
+        )
+
+    def _rated_unit(self, task: str, size: int, now: float, make_context: ContextFactory) -> Work:
+        """Claim the rate-limited ``task``: lock its control row, then claim within its
+        window (see ``claim_statement(rated=True)``), in one transaction."""
+        # A superset of the plain rated claim's parameters too (it ignores the rest).
+        params = LimitedRatedClaimParams(**self.claim_params(size), rate_task=task)
+        params["tasks"] = [task]
+        statement = self._claim_rated_limited if self._is_limited(task) else self._claim_rated
+        # Until this claim answers, the task is not due again (a failed unit retries it
+        # after the error backoff, like the plain claim).
+        self._rated_poll[task] = now + self.settings.poll_interval
+
+        def claimed(results: list[Sequence[Any]]) -> list[RunningJob]:
+            return self.accept_claim(results[-1], size, now, make_context, rated=task)
+
+        return self._unit(
+            [Step(self._rate_lock, RateLockParams(rate_task=task)), Step(statement, params)],
+            claimed,
+            lambda: None,
         )
 
     def _key_steps(self) -> tuple[list[str], list[Step]]:
@@ -393,12 +464,19 @@ class WorkerCore:
         return params
 
     def accept_claim(
-        self, rows: Sequence[Any], size: int, now: float, make_context: ContextFactory
+        self,
+        rows: Sequence[Any],
+        size: int,
+        now: float,
+        make_context: ContextFactory,
+        *,
+        rated: str | None = None,
     ) -> list[RunningJob]:
         """Register the claimed rows and return the ones to run.
 
         Rows that must not run (lost too often, malformed) become failure outcomes at once.
-        Each payload is decoded here, once.
+        Each payload is decoded here, once. ``rated`` names the rate-limited task that a
+        rated claim took; its next claim is then timed on its own.
         """
         self._errors_in_row = 0
         jobs: list[RunningJob] = []
@@ -418,6 +496,7 @@ class WorkerCore:
                 reclaims=row.reclaims,
                 queue_id=row.queue_id,
                 payload=row.payload,
+                execute_at=getattr(row, "execute_at", None),
             )
             try:
                 admitted = self._admit(job)
@@ -425,7 +504,12 @@ class WorkerCore:
                     args, kwargs = admitted
                     context = make_context(job)
             except Exception as exc:  # committed as running: it must end, not linger
-                log.exception("job %s (%s) could not be prepared to run", job.id, job.task)
+                log.exception(
+                    "job %s (%s) could not be prepared to run",
+                    job.id,
+                    job.task,
+                    extra=job_log_fields(job),
+                )
                 admitted = self._refused(job, exc)
             if isinstance(admitted, Outcome):
                 with self._lock:
@@ -436,6 +520,9 @@ class WorkerCore:
                 self._running[job.id] = running
             jobs.append(running)
         self.stats["claimed"] += claimed
+        if rated is not None:
+            self._rated_claimed(rated, rows, claimed, size, next_due, now)
+            return jobs
         self._last_claim_empty = claimed == 0
         if claimed >= size or (self.burst and claimed > 0):
             # A full batch means more is likely waiting; a burst run must see one empty
@@ -448,6 +535,38 @@ class WorkerCore:
             self._next_poll = now + wait
         return jobs
 
+    def _rated_claimed(
+        self,
+        task: str,
+        rows: Sequence[Any],
+        claimed: int,
+        size: int,
+        next_due: dt.datetime | None,
+        now: float,
+    ) -> None:
+        """Time the next claim of a rated task from what its claim saw of the window."""
+        first = rows[0] if rows else None
+        allowance = getattr(first, "rate_allowance", None)
+        free_at = getattr(first, "rate_free_at", None)
+        self._rated_full_until.pop(task, None)
+        full = free_at is not None and allowance is not None and claimed >= allowance
+        if claimed == 0 and not full:
+            self._rated_empty.add(task)
+        else:
+            self._rated_empty.discard(task)
+        if full and free_at is not None:
+            # The window is full: nothing starts before its oldest start leaves it.
+            wait = max(0.0, (free_at - self.clock()).total_seconds())
+            self._rated_full_until[task] = now + wait
+            self._rated_poll[task] = now
+        elif claimed >= size or (self.burst and claimed > 0):
+            self._rated_poll[task] = now
+        else:
+            wait = self.settings.poll_interval
+            if next_due is not None:
+                wait = min(wait, max(0.0, (next_due - self.clock()).total_seconds()))
+            self._rated_poll[task] = now + wait
+
     def claim_lost_race(self, now: float) -> None:
         """Another worker won a uniqueness race during the claim: an empty batch, retry."""
         self._next_poll = now
@@ -456,7 +575,12 @@ class WorkerCore:
         """The decoded arguments of a row that may run, or the failure of one that may not."""
         if job.payload is None:
             # The jobs table has no row for it (deleted by hand: there is no foreign key).
-            log.error("execution %s (%s) has no job row; removing it", job.id, job.task)
+            log.error(
+                "execution %s (%s) has no job row; removing it",
+                job.id,
+                job.task,
+                extra=job_log_fields(job),
+            )
             return self._refused(job, LookupError(f"job {job.id} has no row in the jobs table"))
         runtime = self.plan.tasks.get(job.task)
         if runtime is None:  # the claim filters by task; this guards a hand-edited row
@@ -465,7 +589,9 @@ class WorkerCore:
             job, max_reclaims=runtime.max_reclaims, worker_id=self.worker_id, now=self.clock()
         )
         if lost is not None:
-            log.error("job %s (%s) failed: %s", job.id, job.task, lost.error)
+            log.error(
+                "job %s (%s) failed: %s", job.id, job.task, lost.error, extra=job_log_fields(job)
+            )
             return lost
         try:
             return decode_arguments(job.payload)
@@ -503,6 +629,11 @@ class WorkerCore:
             current = self._running.get(running.job.id)
             if current is not running or running.released:
                 return
+            # In the same locked step as the job leaves ``_running``: a burst run that saw
+            # nothing running must not stop on an empty claim made before this commit,
+            # which may have enqueued child jobs.
+            self._last_claim_empty = False
+            self._rated_empty.clear()
             del self._running[running.job.id]
             if running.job.queue_id is not None and applied:
                 self._keys.add(running.job.queue_id)
@@ -522,6 +653,7 @@ class WorkerCore:
                     "job %s (%s) did not finish within shutdown_timeout; returned to the queue",
                     running.job.id,
                     running.job.task,
+                    extra=job_log_fields(running.job),
                 )
         self._running = {k: v for k, v in self._running.items() if not v.released}
 
@@ -549,6 +681,7 @@ class WorkerCore:
             # an earlier empty claim no longer says anything.
             self._next_poll = 0.0
             self._last_claim_empty = False
+            self._rated_empty.clear()
         done = set(applied)
         with self._lock:  # transactional handlers' threads report here too (settled)
             self._count(outcomes, done)
@@ -562,6 +695,7 @@ class WorkerCore:
                     "worker meanwhile (its newer attempt wins)",
                     outcome.job_id,
                     outcome.attempt,
+                    extra={"job_id": outcome.job_id, "attempt": outcome.attempt},
                 )
             elif outcome.kind is OutcomeKind.SUCCEEDED:
                 self.stats["succeeded"] += 1
@@ -751,7 +885,10 @@ class WorkerCore:
         for running in targets:
             if running is not None and not running.released and not running.cancel_requested:
                 log.info(
-                    "job %s (%s) was cancelled while running", running.job.id, running.job.task
+                    "job %s (%s) was cancelled while running",
+                    running.job.id,
+                    running.job.task,
+                    extra=job_log_fields(running.job),
                 )
                 running.request_cancel()
 
@@ -771,6 +908,10 @@ class WorkerCore:
             (
                 Step(self._limits_statement, LimitedTasksParams(tasks=self.plan.task_names)),
                 self.limits_read,
+            ),
+            (
+                Step(self._controls_statement, ControlledTasksParams(tasks=self.plan.task_names)),
+                self.controls_read,
             ),
             (Step(self._cleanup_statement, CleanupParams(limit=CLEANUP_BATCH)), self.cleaned_up),
             (
@@ -808,8 +949,34 @@ class WorkerCore:
             )
         self.limited = limited
 
+    def controls_read(self, rows: Sequence[Any]) -> None:
+        """Pauses and rate limits were read: a paused task is no longer claimed (its running
+        jobs finish), a rate-limited one is claimed on its own; the rest are unaffected."""
+        paused = {row.task for row in rows if row.paused}
+        rated = {row.task for row in rows if row.rated and not row.paused}
+        for task in sorted(paused - self.paused):
+            log.info("task %s is paused: not claiming it", task)
+        for task in sorted(self.paused - paused):
+            log.info("task %s was resumed", task)
+        for task in sorted(rated - self.rated):
+            log.info("task %s has a rate limit: claiming it within its window", task)
+        self.paused, self.rated = paused, rated
+        for gone in set(self._rated_poll) - rated:
+            self._rated_poll.pop(gone, None)
+            self._rated_full_until.pop(gone, None)
+            self._rated_empty.discard(gone)
+        for task in rated:
+            self._rated_poll.setdefault(task, 0.0)
+        tasks = [name for name in self.plan.task_names if name not in paused | rated]
+        if tasks != self._claim_params["tasks"]:
+            self._claim_params["tasks"] = tasks
+            # A task back in the plain claim may have work waiting.
+            self._next_poll = 0.0
+            self._last_claim_empty = False
+
     def reclaimed(self, rows: Sequence[Any]) -> None:
         """Log what a reclaim sweep returned to the queue."""
+        notify_lost(self.settings.observers, [r.task for r in rows])
         if rows:
             log.warning(
                 "reclaimed %d lost execution(s) of dead workers: %s",

@@ -75,8 +75,7 @@ def database_message(exc: BaseException) -> str:
 def explain(fault: Fault, exc: BaseException, tables: QueueTables, doing: str) -> str:
     """Why a worker stops on ``exc`` (raised while ``doing``), and what fixes it."""
     reason = database_message(exc)
-    queue_tables = (tables.jobs, tables.executions, tables.limits, tables.unique_keys)
-    names = ", ".join(str(t.fullname) for t in queue_tables)
+    names = ", ".join(str(t.fullname) for t in tables.all)
     if fault is Fault.PRIVILEGE:
         schema = tables.schema or "public"
         return (

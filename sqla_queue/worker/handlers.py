@@ -6,6 +6,10 @@ decoded at claim time, turns its return value or exception into an
 hands that to the core in one call. Handler threads are daemons on purpose: after
 ``shutdown_timeout`` a stuck handler must not keep the process alive; its job has been
 handed back already.
+
+The runner is also where the worker's observers (:mod:`sqla_queue.instrumentation`) hear
+an attempt start and finish, in the thread or task that runs the handler, and where every
+log record about a job gets its ``job_id``, ``task`` and ``attempt`` as ``extra`` fields.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from sqla_queue.core.outcomes import (
     plain_error_entry,
     sanitize_text,
 )
+from sqla_queue.instrumentation import WorkerObserver, combine_observers, job_log_fields
 from sqla_queue.worker.context import JobContext
 from sqla_queue.worker.plan import TaskRuntime
 
@@ -77,6 +82,9 @@ class RunningJob:
     #: The handler has returned or raised: a late cancel must not interrupt the rest
     #: (its completion and commit, for a transactional task).
     handler_done: bool = field(default=False)
+    #: When the claim returned it (``time.monotonic()``): the part of its queue wait
+    #: spent in this worker, the only part known while the claim returns no due time.
+    claimed_at: float = field(default_factory=time.monotonic)
 
     def request_cancel(self) -> None:
         """The job was cancelled while it ran: tell the handler. Any thread may call.
@@ -149,7 +157,9 @@ class HandlerRunner:
     the reason, and the task's retry policy and ``max_attempts`` apply to it as to any
     failure. ``clock`` stamps error entries; ``worker_id`` names the worker in them.
     ``stop`` is called (after the outcome is recorded) when a handler raised
-    ``KeyboardInterrupt`` or ``SystemExit``.
+    ``KeyboardInterrupt`` or ``SystemExit``. ``observer`` hears each call start and finish
+    (see :mod:`sqla_queue.instrumentation`); by default, the observers of the settings of
+    the worker core that ``record`` belongs to.
     """
 
     def __init__(
@@ -161,6 +171,7 @@ class HandlerRunner:
         stop: Callable[[BaseException], None] | None = None,
         transaction: InTransaction | None = None,
         settle: Callable[[RunningJob, Outcome, bool], None] | None = None,
+        observer: WorkerObserver | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.clock = clock
@@ -168,6 +179,10 @@ class HandlerRunner:
         self.stop = stop
         self.transaction = transaction
         self.settle = settle
+        # Guarded (CompositeObserver): an observer that raises must not lose the job.
+        self.observer = (
+            combine_observers([observer]) if observer is not None else _observer_of(record)
+        )
 
     def call_arguments(self, running: RunningJob) -> list[Any]:
         """The positional arguments of the call: the context first when the task asks."""
@@ -178,6 +193,8 @@ class HandlerRunner:
     def run_sync(self, running: RunningJob) -> None:
         """Call a ``def`` handler and record what happened. Never raises."""
         raised: BaseException | None = None
+        applied: bool | None = None
+        began = self._started(running)
         try:
             try:
                 value = running.runtime.handler(*self.call_arguments(running), **running.kwargs)
@@ -189,12 +206,17 @@ class HandlerRunner:
             outcome = self._cancelled_or(running, outcome)
             if self._commits_with_handler(running, outcome, raised):
                 settled = self._complete_in_session_sync(running, outcome)
-                if settled is None:
-                    return
-                outcome = settled
+                if isinstance(settled, Outcome):
+                    outcome = settled
+                else:
+                    applied = settled
         finally:
             _close_sync_session(running)
-        self._report(running, outcome, raised)
+        self._finished(running, outcome.kind, raised, began)
+        if applied is not None:
+            self._settled(running, outcome, applied)
+        else:
+            self._report(running, outcome, raised)
 
     async def run_async(self, running: RunningJob) -> None:
         """Await an ``async def`` handler and record what happened. Never raises, except
@@ -207,8 +229,10 @@ class HandlerRunner:
         event loop under it.
         """
         raised: BaseException | None = None
+        applied: bool | None = None
         running.task = asyncio.current_task()
         running.loop = asyncio.get_running_loop()
+        began = self._started(running)
         try:
             try:
                 if running.cancel_requested:  # cancelled before it could start
@@ -224,6 +248,9 @@ class HandlerRunner:
                     while task.cancelling():
                         task.uncancel()
                 elif task is not None and task.cancelling():
+                    # The worker's shutdown: the job was handed back. The observers
+                    # still hear the attempt end, or a span would stay open forever.
+                    self._finished(running, OutcomeKind.RELEASE, exc, began, shutdown=True)
                     raise
                 raised = exc
                 outcome = self.outcome_of_error(running, exc)
@@ -236,12 +263,75 @@ class HandlerRunner:
             outcome = self._cancelled_or(running, outcome)
             if self._commits_with_handler(running, outcome, raised):
                 settled = await self._complete_in_session_async(running, outcome)
-                if settled is None:
-                    return
-                outcome = settled
+                if isinstance(settled, Outcome):
+                    outcome = settled
+                else:
+                    applied = settled
         finally:
             await _close_async_session(running)
-        self._report(running, outcome, raised)
+        self._finished(running, outcome.kind, raised, began)
+        if applied is not None:
+            self._settled(running, outcome, applied)
+        else:
+            self._report(running, outcome, raised)
+
+    def _started(self, running: RunningJob) -> float:
+        """Tell the observers an attempt starts; the clock reading its duration starts from."""
+        began = time.perf_counter()
+        observer = self.observer
+        if observer is not None:
+            observer.job_started(running.job, self.queue_wait(running))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "job %s (%s) attempt %s started",
+                running.job.id,
+                running.job.task,
+                running.job.attempt,
+                extra=job_log_fields(running.job),
+            )
+        return began
+
+    def _finished(
+        self,
+        running: RunningJob,
+        kind: OutcomeKind,
+        raised: BaseException | None,
+        began: float,
+        *,
+        shutdown: bool = False,
+    ) -> None:
+        """Tell the observers the attempt ended, before its outcome reaches the core.
+
+        Before, so that an observer's view is never behind the database's: once a job's
+        outcome is written, its metrics and span are already there.
+        """
+        duration = time.perf_counter() - began
+        observer = self.observer
+        if observer is not None:
+            observer.job_finished(running.job, kind, duration, raised)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "job %s (%s) attempt %s: %s after %.3fs%s",
+                running.job.id,
+                running.job.task,
+                running.job.attempt,
+                kind.value,
+                duration,
+                " (the worker is stopping)" if shutdown else "",
+                extra=job_log_fields(running.job),
+            )
+
+    def queue_wait(self, running: RunningJob) -> float:
+        """Seconds ``running``'s job waited to start since it became due.
+
+        Measured from the execution's due time when the claim returns it (a
+        ``ClaimedJob.execute_at``), on this worker's clock; else only the time since
+        the claim, a lower bound.
+        """
+        due = getattr(running.job, "execute_at", None)
+        if isinstance(due, dt.datetime):
+            return max(0.0, (self.clock() - due).total_seconds())
+        return max(0.0, time.monotonic() - running.claimed_at)
 
     def _commits_with_handler(
         self, running: RunningJob, outcome: Outcome, raised: BaseException | None
@@ -254,8 +344,9 @@ class HandlerRunner:
             and running.context is not None
         )
 
-    def _complete_in_session_sync(self, running: RunningJob, outcome: Outcome) -> Outcome | None:
-        """Commit ``outcome`` with the handler's writes; ``None`` once that is settled.
+    def _complete_in_session_sync(self, running: RunningJob, outcome: Outcome) -> Outcome | bool:
+        """Commit ``outcome`` with the handler's writes; once that is settled, whether the
+        completion applied (``False``: fenced off, rolled back).
 
         A failure to write or commit is the attempt's failure, returned for the ordinary
         (buffered) path: if the commit did happen after all, that failure is fenced off.
@@ -275,12 +366,11 @@ class HandlerRunner:
         except Exception as exc:
             _roll_back_sync(session, running)
             return self._commit_failed(running, exc)
-        self._settled(running, outcome, applied)
-        return None
+        return applied
 
     async def _complete_in_session_async(
         self, running: RunningJob, outcome: Outcome
-    ) -> Outcome | None:
+    ) -> Outcome | bool:
         """:meth:`_complete_in_session_sync` for an ``AsyncSession``.
 
         An ``async def`` handler of a sync worker has a sync ``Session``: that one is
@@ -304,10 +394,14 @@ class HandlerRunner:
             try:
                 await session.rollback()
             except Exception:
-                log.debug("rolling back job %s's session failed", running.job.id, exc_info=True)
+                log.debug(
+                    "rolling back job %s's session failed",
+                    running.job.id,
+                    exc_info=True,
+                    extra=job_log_fields(running.job),
+                )
             return self._commit_failed(running, exc)
-        self._settled(running, outcome, applied)
-        return None
+        return applied
 
     def _commit_failed(self, running: RunningJob, exc: Exception) -> Outcome:
         log.warning(
@@ -315,6 +409,7 @@ class HandlerRunner:
             running.job.id,
             running.job.task,
             exc,
+            extra=job_log_fields(running.job),
         )
         return self.outcome_of_error(running, exc)
 
@@ -333,7 +428,12 @@ class HandlerRunner:
         """
         if not running.cancel_requested or outcome.kind is OutcomeKind.CANCELLED:
             return outcome
-        log.info("job %s (%s) stopped after it was cancelled", running.job.id, running.job.task)
+        log.info(
+            "job %s (%s) stopped after it was cancelled",
+            running.job.id,
+            running.job.task,
+            extra=job_log_fields(running.job),
+        )
         return Outcome(
             running.job.id, running.job.attempt, OutcomeKind.CANCELLED, error=outcome.error
         )
@@ -369,6 +469,7 @@ class HandlerRunner:
             "job %s (%s) returned a value that is not JSON; storing its repr",
             running.job.id,
             running.job.task,
+            extra=job_log_fields(running.job),
         )
         text, _ = sanitize_text(repr(value)[:MAX_RESULT_REPR])
         outcome = outcome_for_return(running.job, {"repr": text})
@@ -435,6 +536,7 @@ class HandlerRunner:
             raised,
             message,
             outcome.kind.value,
+            extra=job_log_fields(running.job),
         )
 
 
@@ -457,6 +559,16 @@ def _plain_failure(
     return outcome
 
 
+def _observer_of(record: Callable[..., Any]) -> WorkerObserver | None:
+    """The observers of the settings of the worker core ``record`` is a method of.
+
+    How a runner built without ``observer=`` finds the worker's ``observers`` setting.
+    """
+    settings = getattr(getattr(record, "__self__", None), "settings", None)
+    observers = getattr(settings, "observers", ())
+    return combine_observers(observers) if observers else None
+
+
 def _describe(exc: BaseException) -> str:
     try:
         text = str(exc)
@@ -470,7 +582,12 @@ def _roll_back_sync(session: Any, running: RunningJob) -> None:
     try:
         session.rollback()
     except Exception:
-        log.debug("rolling back job %s's session failed", running.job.id, exc_info=True)
+        log.debug(
+            "rolling back job %s's session failed",
+            running.job.id,
+            exc_info=True,
+            extra=job_log_fields(running.job),
+        )
 
 
 def _close_sync_session(running: RunningJob) -> None:
@@ -480,7 +597,11 @@ def _close_sync_session(running: RunningJob) -> None:
         try:
             session.close()
         except Exception:
-            log.exception("closing the handler's session of job %s failed", running.job.id)
+            log.exception(
+                "closing the handler's session of job %s failed",
+                running.job.id,
+                extra=job_log_fields(running.job),
+            )
 
 
 async def _close_async_session(running: RunningJob) -> None:
@@ -492,7 +613,11 @@ async def _close_async_session(running: RunningJob) -> None:
             if asyncio.iscoroutine(result):
                 await result
         except Exception:
-            log.exception("closing the handler's session of job %s failed", running.job.id)
+            log.exception(
+                "closing the handler's session of job %s failed",
+                running.job.id,
+                extra=job_log_fields(running.job),
+            )
 
 
 class HandlerPool:

@@ -80,6 +80,11 @@ class WorkerPlan:
     default_lease: float
     #: The tasks this worker claims, by name (never empty).
     tasks: Mapping[str, TaskRuntime]
+    #: The queue's periodic schedules (:class:`sqla_queue.periodic.Schedule`): every
+    #: worker may fire them; the database lets one enqueue each tick.
+    schedules: tuple[Any, ...] = ()
+    #: The queue's daemons (:class:`sqla_queue.daemons.DaemonSpec`), run beside the jobs.
+    daemons: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.tasks:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqla_queue.core.times import check_seconds
+from sqla_queue.instrumentation import WorkerObserver, check_observers
 from sqla_queue.spec import check_whole_number
 
 __all__ = ["MAX_CONCURRENCY", "MAX_SECONDS", "MIN_INTERVAL", "WorkerSettings"]
@@ -72,6 +73,9 @@ class WorkerSettings:
             round trip (psycopg's pipeline mode). They bypass SQLAlchemy's engine events:
             turn it off if a tracer hooked on those events must see them.
         install_signal_handlers: handle SIGINT/SIGTERM in ``run()`` (main thread only).
+        observers: what hears each job attempt start and finish, and each lost job the
+            worker reclaims (see :mod:`sqla_queue.instrumentation`): Prometheus metrics,
+            OpenTelemetry spans. None by default, and then the worker makes no such call.
     """
 
     concurrency: int = 10
@@ -87,6 +91,7 @@ class WorkerSettings:
     generic_plans: bool = True
     raw_statements: bool = True
     install_signal_handlers: bool = True
+    observers: Sequence[WorkerObserver] = ()
 
     def __post_init__(self) -> None:
         _whole("concurrency", self.concurrency, low=1, high=MAX_CONCURRENCY)
@@ -115,6 +120,7 @@ class WorkerSettings:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be True or False, got {value!r}")
+        object.__setattr__(self, "observers", check_observers(self.observers))
 
     @property
     def claim_batch(self) -> int:

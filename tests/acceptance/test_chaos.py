@@ -1,4 +1,4 @@
-"""Chaos drain: 4 workers, 10,000 jobs and a poison mix, SIGKILLs every ~2 s, connections
+"""Chaos drain: 4 workers, 4,000 jobs and a poison mix, SIGKILLs every ~2 s, connections
 cut twice.
 
 The scenario and the accounting live in :mod:`tests.support.chaos` (``bench/chaos.py`` runs
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.acceptance
 def test_chaos_drain_with_a_poison_mix_loses_nothing_and_wedges_no_worker(
     db_url: str, tmp_path: Path
 ) -> None:
-    """10,000 normal jobs under SIGKILLs and backend sweeps, with issue 12's poison mix
+    """4,000 normal jobs under SIGKILLs and backend sweeps, with issue 12's poison mix
     among them: a retry and a reschedule due after the year 9999, a NUL result, a
     5,000-deep result, an async ``SystemExit``, and an execution written by hand for the
     year 20,000.
@@ -55,7 +55,7 @@ def test_chaos_drain_with_a_poison_mix_loses_nothing_and_wedges_no_worker(
     """
     # About 75 s on this 2-core machine; the drain timeout leaves room for a busy day.
     config = ChaosConfig(
-        jobs=10_000,
+        jobs=4_000,
         workers=4,
         concurrency=10,
         kill_every=2.0,

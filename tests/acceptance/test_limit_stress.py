@@ -34,7 +34,7 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
 
 @pytest.mark.parametrize(
     ("task", "limit", "total"),
-    [(limited3, 3, 5_000), (limited1, 1, 1_000)],
+    [(limited3, 3, 2_000), (limited1, 1, 500)],
     ids=["limit3", "limit1"],
 )
 def test_limit_holds_across_eight_processes(

@@ -14,10 +14,10 @@ from tests.support.processes import start_worker
 pytestmark = pytest.mark.acceptance
 
 
-def test_four_processes_run_twenty_thousand_jobs_exactly_once(
+def test_four_processes_run_eight_thousand_jobs_exactly_once(
     db_url: str, SessionLocal: sessionmaker[Session], tmp_path: Path
 ) -> None:
-    total = 20_000
+    total = 8_000
     with SessionLocal.begin() as session:
         ids = queue.enqueue_many(session, [tally.call(n=i) for i in range(total)])
 

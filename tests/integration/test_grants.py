@@ -158,19 +158,31 @@ def test_verify_requires_exactly_the_guides_application_role_grants() -> None:
     assert _guide("app-role") == required
 
 
+ALL_DATA = {"SELECT", "INSERT", "UPDATE", "DELETE"}
+
+
 def test_the_guide_grants_every_queue_table_and_the_operator_writes_limits() -> None:
-    tables = {g.name for g in _guide("app-role") if g.kind == "table"}
+    app = _guide("app-role")
+    tables = {g.name for g in app if g.kind == "table"}
     assert tables == {
         f"{GUIDE_PREFIX}jobs",
         f"{GUIDE_PREFIX}job_executions",
         f"{GUIDE_PREFIX}task_limits",
         f"{GUIDE_PREFIX}unique_keys",
+        f"{GUIDE_PREFIX}task_controls",
+        f"{GUIDE_PREFIX}rate_starts",
+        f"{GUIDE_PREFIX}schedules",
+        f"{GUIDE_PREFIX}daemons",
+        f"{GUIDE_PREFIX}workers",
     }
-    admin = effective_privileges(_guide("app-role") | _guide("admin-role"), GUIDE_ADMIN_ROLE)
-    limits = {g.privilege for g in admin if g.name == f"{GUIDE_PREFIX}task_limits"}
-    assert limits == {"SELECT", "INSERT", "UPDATE", "DELETE"}
-    keys = {g.privilege for g in admin if g.name == f"{GUIDE_PREFIX}unique_keys"}
-    assert keys == {"SELECT", "INSERT", "UPDATE", "DELETE"}
+    # The application role reads and locks the controls; only operators write them.
+    controls = {g.privilege for g in app if g.name == f"{GUIDE_PREFIX}task_controls"}
+    assert controls == {"SELECT", "UPDATE"}
+    for name in ("rate_starts", "schedules", "daemons", "workers"):
+        assert {g.privilege for g in app if g.name == f"{GUIDE_PREFIX}{name}"} == ALL_DATA, name
+    admin = effective_privileges(app | _guide("admin-role"), GUIDE_ADMIN_ROLE)
+    for name in ("task_limits", "unique_keys", "task_controls"):
+        assert {g.privilege for g in admin if g.name == f"{GUIDE_PREFIX}{name}"} == ALL_DATA, name
 
 
 def test_the_test_roles_hold_exactly_the_guides_grants(
@@ -210,7 +222,7 @@ def test_a_role_without_grants_fails_verify_and_the_worker_at_once(
 
     assert isinstance(refused.value, InsufficientPrivilegeError)
     message = str(refused.value)
-    assert len(refused.value.missing) == 14
+    assert len(refused.value.missing) == 32
     assert f"USAGE on schema {SCHEMA}" in refused.value.missing
     assert f"SELECT on table {SCHEMA}.sqla_queue_task_limits" in refused.value.missing
     assert f"GRANT USAGE ON SCHEMA {SCHEMA} TO " in message
@@ -219,6 +231,8 @@ def test_a_role_without_grants_fails_verify_and_the_worker_at_once(
     assert f"GRANT SELECT, INSERT, UPDATE, DELETE ON {SCHEMA}.sqla_queue_unique_keys TO " in (
         message
     )
+    assert f"GRANT SELECT, INSERT, UPDATE, DELETE ON {SCHEMA}.sqla_queue_daemons TO " in message
+    assert f"GRANT SELECT, UPDATE ON {SCHEMA}.sqla_queue_task_controls TO " in message
 
     finished, errors = _run_briefly(_worker(bare_role), 10)
     assert finished, "the worker did not stop: it should refuse to start"
@@ -234,7 +248,13 @@ REQUIRED = [
     *[(p, f"{SCHEMA}.sqla_queue_jobs") for p in ("SELECT", "INSERT", "UPDATE", "DELETE")],
     *[(p, f"{SCHEMA}.sqla_queue_job_executions") for p in ("SELECT", "INSERT", "UPDATE", "DELETE")],
     *[(p, f"{SCHEMA}.sqla_queue_unique_keys") for p in ("SELECT", "INSERT", "UPDATE", "DELETE")],
+    *[(p, f"{SCHEMA}.sqla_queue_rate_starts") for p in ("SELECT", "INSERT", "UPDATE", "DELETE")],
+    *[(p, f"{SCHEMA}.sqla_queue_schedules") for p in ("SELECT", "INSERT", "UPDATE", "DELETE")],
+    *[(p, f"{SCHEMA}.sqla_queue_daemons") for p in ("SELECT", "INSERT", "UPDATE", "DELETE")],
+    *[(p, f"{SCHEMA}.sqla_queue_workers") for p in ("SELECT", "INSERT", "UPDATE", "DELETE")],
     ("SELECT", f"{SCHEMA}.sqla_queue_task_limits"),
+    ("SELECT", f"{SCHEMA}.sqla_queue_task_controls"),
+    ("UPDATE", f"{SCHEMA}.sqla_queue_task_controls"),
 ]
 
 

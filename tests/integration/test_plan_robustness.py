@@ -23,12 +23,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, insert, text
 from sqlalchemy.dialects import postgresql
 
 from sqla_queue import statements
 from sqla_queue.core.outcomes import Outcome, OutcomeKind
 from sqla_queue.enqueue import prepare_rows
+from sqla_queue.statements.controls import rate_lock_statement
 from sqla_queue.testing.databases import DatabaseFactory
 from sqla_queue.worker.raw import RawStatements
 from tests.support.app import keyed, queue
@@ -46,6 +47,7 @@ ENQUEUE = statements.enqueue_statement(TABLES, notify=True)
 STATEMENTS = (
     "plain claim",
     "limited claim",
+    "rated claim",
     "completion",
     "heartbeat",
     "promotion",
@@ -81,6 +83,7 @@ def _measure(engine: Engine) -> dict[tuple[str, bool], list[str]]:
     found: dict[tuple[str, bool], list[str]] = {}
     plain = statements.claim_statement(TABLES)
     limited = statements.claim_statement(TABLES, limited=True)
+    rated = statements.claim_statement(TABLES, rated=True)
     for generic in (True, False):
         guard = RAW.render(statements.planner_guard(generic_plans=generic), {})
         worker = uuid.uuid4()
@@ -102,6 +105,15 @@ def _measure(engine: Engine) -> dict[tuple[str, bool], list[str]]:
             conn.rollback()
             conn.exec_driver_sql(guard.sql)
             run("limited claim", limited, _claim_params(["noop", "limited3"], worker), conn)
+            conn.rollback()
+            # A rate-limited task's claim: its control row locked first, as a worker does.
+            conn.exec_driver_sql(guard.sql)
+            conn.execute(
+                insert(TABLES.controls).values(task="noop", rate_max=1000, rate_seconds=1.0)
+            )
+            conn.execute(rate_lock_statement(TABLES), {"rate_task": "noop"})
+            rated_params = {**_claim_params(["noop"], worker), "rate_task": "noop"}
+            run("rated claim", rated, rated_params, conn)
             conn.rollback()
             # The statements that follow a claim need executions this worker runs: claim a
             # batch for real, then explain what a worker sends next.

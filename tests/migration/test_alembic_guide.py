@@ -134,6 +134,11 @@ def test_the_guide_works_as_written(tmp_path: Path, empty_db_url: str) -> None:
             "sqla_queue_job_executions",
             "sqla_queue_task_limits",
             "sqla_queue_unique_keys",
+            "sqla_queue_task_controls",
+            "sqla_queue_rate_starts",
+            "sqla_queue_schedules",
+            "sqla_queue_daemons",
+            "sqla_queue_workers",
         }
     _shell("alembic downgrade -1", project, empty_db_url)
     with engine.connect() as connection:
@@ -171,5 +176,10 @@ def test_the_guide_works_as_written(tmp_path: Path, empty_db_url: str) -> None:
             "sqla_queue_job_executions",
             "sqla_queue_task_limits",
             "sqla_queue_unique_keys",
+            "sqla_queue_task_controls",
+            "sqla_queue_rate_starts",
+            "sqla_queue_schedules",
+            "sqla_queue_daemons",
+            "sqla_queue_workers",
         }
     engine.dispose()

@@ -74,6 +74,11 @@ def test_autogenerate_renders_the_queue_op_and_upgrade_builds_the_create_all_sch
         "sqla_queue_job_executions",
         "sqla_queue_task_limits",
         "sqla_queue_unique_keys",
+        "sqla_queue_task_controls",
+        "sqla_queue_rate_starts",
+        "sqla_queue_schedules",
+        "sqla_queue_daemons",
+        "sqla_queue_workers",
     }
     with engine.connect() as connection:
         queue.verify(connection)

@@ -95,6 +95,7 @@ def test_proposals_that_get_past_the_hiding_hook_are_still_replaced(
     assert any("sqla_queue_jobs" in r.getMessage() for r in caplog.records)  # Alembic saw it
     assert any("sqla_queue_task_limits" in r.getMessage() for r in caplog.records)
     assert any("sqla_queue_unique_keys" in r.getMessage() for r in caplog.records)
+    assert any("sqla_queue_daemons" in r.getMessage() for r in caplog.records)
     assert ops[0] == CreateQueueOp("work", "sqla_queue_", version=versions.LATEST_VERSION)
     assert table_names(ops) == {"accounts"}
 
@@ -115,6 +116,11 @@ def test_without_alembic_ext_alembic_would_create_the_queue_tables_itself(
         "sqla_queue_job_executions",
         "sqla_queue_task_limits",
         "sqla_queue_unique_keys",
+        "sqla_queue_task_controls",
+        "sqla_queue_rate_starts",
+        "sqla_queue_schedules",
+        "sqla_queue_daemons",
+        "sqla_queue_workers",
     } <= table_names(ops)
     assert not any(isinstance(op, CreateQueueOp) for op in ops)
 
@@ -195,7 +201,7 @@ def test_a_queue_removed_from_the_metadata_is_dropped_by_drop_queue(
     with engine.connect() as connection:
         ops = autogenerate(connection, metadata, include_schemas=include_schemas)
     # One drop_queue at the queue's version owns all of its tables: no drop_table of
-    # task_limits (version 2) or unique_keys (version 4) is left.
+    # task_limits (version 2), unique_keys (version 4) or the tables of version 5 is left.
     assert ops[-1] == DropQueueOp(schema, "sqla_queue_", version=version)
     assert table_names(ops) == {"accounts"}
     with engine.begin() as connection:
@@ -257,12 +263,25 @@ _ADDED_BY_VERSION = {
         ("index", "sqla_queue_jobs_unique_key_ix"),
         ("column", "cancel_requested"),
     },
+    5: {
+        ("index", "sqla_queue_job_executions_task_waiting_ix"),
+    },
 }
 # The tables each version adds, with all their columns, indexes and constraints.
-_TABLE_ADDED_BY_VERSION = {2: "sqla_queue_task_limits", 4: "sqla_queue_unique_keys"}
+_TABLES_ADDED_BY_VERSION = {
+    2: {"sqla_queue_task_limits"},
+    4: {"sqla_queue_unique_keys"},
+    5: {
+        "sqla_queue_task_controls",
+        "sqla_queue_rate_starts",
+        "sqla_queue_schedules",
+        "sqla_queue_daemons",
+        "sqla_queue_workers",
+    },
+}
 
 
-@pytest.mark.parametrize("old_version", [1, 2, 3])
+@pytest.mark.parametrize("old_version", [1, 2, 3, 4])
 def test_an_older_database_gets_one_upgrade_queue_to_the_latest_and_keeps_its_rows(
     engine: Engine, old_version: int
 ) -> None:
@@ -283,7 +302,7 @@ def test_an_older_database_gets_one_upgrade_queue_to_the_latest_and_keeps_its_ro
         missing, version = find_missing(connection, tables)
         assert version == old_version
         newer = range(old_version + 1, latest + 1)
-        new_tables = {_TABLE_ADDED_BY_VERSION[v] for v in newer if v in _TABLE_ADDED_BY_VERSION}
+        new_tables = set().union(*(_TABLES_ADDED_BY_VERSION.get(v, set()) for v in newer))
         assert {m.table for m in missing if m.kind == "table"} == new_tables
         added = set().union(*(_ADDED_BY_VERSION[v] for v in newer))
         assert {(m.kind, m.name) for m in missing if m.table not in new_tables} == added

@@ -48,7 +48,17 @@ PARALLEL_CASES = 3
 #: How long a test waits for its case's driver (run_cli stops a driver after 120 s).
 CASE_TIMEOUT = 300
 
-QUEUE_TABLES = ("jobs", "job_executions", "task_limits", "unique_keys")
+QUEUE_TABLES = (
+    "jobs",
+    "job_executions",
+    "task_limits",
+    "unique_keys",
+    "task_controls",
+    "rate_starts",
+    "schedules",
+    "daemons",
+    "workers",
+)
 SUCCEEDED = [["succeeded", 2], ["succeeded", 4]]
 
 MODELS_HEADER = '''\

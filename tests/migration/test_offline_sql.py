@@ -3,7 +3,7 @@
 Fed to psql on an empty database, the script builds the same schema as an online
 ``alembic upgrade head``, and the same queue as ``queue.create_all``: for a project that
 creates the latest version at once, and for one whose history creates version 1 and then
-steps to 2, to 3 and to 4.
+steps to 2, to 3, to 4 and to 5.
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ QUEUE_TABLES = (
     "sqla_queue_job_executions",
     "sqla_queue_task_limits",
     "sqla_queue_unique_keys",
+    "sqla_queue_task_controls",
+    "sqla_queue_rate_starts",
+    "sqla_queue_schedules",
+    "sqla_queue_daemons",
+    "sqla_queue_workers",
 )
 
 
@@ -56,7 +61,7 @@ def _assert_same_schemas(project: HostProject, by_psql: str, create_all_snapshot
     assert differences(schema_snapshot(by_psql), create_all_snapshot) == []
 
 
-def test_offline_script_of_the_history_steps_from_version_1_to_2_to_3_to_4(
+def test_offline_script_of_the_history_steps_from_version_1_to_2_to_3_to_4_to_5(
     history_project: HostProject, new_db: Callable[[], str], create_all_snapshot: Snapshot
 ) -> None:
     script, by_psql = _run_offline_script(history_project, new_db)
@@ -73,8 +78,15 @@ def test_offline_script_of_the_history_steps_from_version_1_to_2_to_3_to_4(
     stepped_to_4 = "ALTER TABLE work.sqla_queue_jobs ADD COLUMN unique_key TEXT,"
     keys_table = "CREATE TABLE work.sqla_queue_unique_keys ("
     now_v4 = "COMMENT ON TABLE work.sqla_queue_job_executions IS 'sqla_queue schema version 4';"
-    # 0002 creates version 1 as released; 0003 then steps it to version 2, 0004 to 3 and
-    # 0005 to 4.
+    controls_table = "CREATE TABLE work.sqla_queue_task_controls ("
+    daemons_table = "CREATE TABLE work.sqla_queue_daemons ("
+    waiting_index = (
+        "CREATE INDEX sqla_queue_job_executions_task_waiting_ix "
+        "ON work.sqla_queue_job_executions (task) WHERE state = 'waiting';"
+    )
+    now_v5 = "COMMENT ON TABLE work.sqla_queue_job_executions IS 'sqla_queue schema version 5';"
+    # 0002 creates version 1 as released; 0003 then steps it to version 2, 0004 to 3, 0005
+    # to 4 and 0006 to 5.
     assert (
         script.index(created_v1)
         < script.index(stepped)
@@ -84,9 +96,13 @@ def test_offline_script_of_the_history_steps_from_version_1_to_2_to_3_to_4(
         < script.index(stepped_to_4)
         < script.index(keys_table)
         < script.index(now_v4)
+        < script.index(controls_table)
+        < script.index(daemons_table)
+        < script.index(waiting_index)
+        < script.index(now_v5)
     )
     last_comment = script.rindex("COMMENT ON TABLE work.sqla_queue_job_executions")
-    assert last_comment == script.index(now_v4)
+    assert last_comment == script.index(now_v5)
     _assert_same_schemas(history_project, by_psql, create_all_snapshot)
 
 

@@ -36,6 +36,11 @@ QUEUE_TABLES = {
     "sqla_queue_job_executions",
     "sqla_queue_task_limits",
     "sqla_queue_unique_keys",
+    "sqla_queue_task_controls",
+    "sqla_queue_rate_starts",
+    "sqla_queue_schedules",
+    "sqla_queue_daemons",
+    "sqla_queue_workers",
 }
 
 

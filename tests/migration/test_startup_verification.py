@@ -113,17 +113,30 @@ def test_a_database_without_the_queue_names_every_table_and_the_fix(
     assert "table work.sqla_queue_job_executions" in message
     assert "table work.sqla_queue_task_limits" in message
     assert "table work.sqla_queue_unique_keys" in message
+    assert "table work.sqla_queue_task_controls" in message
+    assert "table work.sqla_queue_rate_starts" in message
+    assert "table work.sqla_queue_schedules" in message
+    assert "table work.sqla_queue_daemons" in message
+    assert "table work.sqla_queue_workers" in message
     assert "alembic upgrade head" in message
-    assert len(refused.value.missing) == 4  # one line per table, not one per column
+    assert len(refused.value.missing) == 9  # one line per table, not one per column
 
 
-# A job as every release before version 4 wrote it (the columns they all have).
+# A job as every release up to version 4 wrote it (the columns they all have).
 _OLD_RELEASE_ENQUEUE = text(
     "WITH job AS (INSERT INTO work.sqla_queue_jobs (task, payload, max_attempts, scheduled_at) "
     """VALUES ('mail_invoice', '{"args": [7], "kwargs": {}}', 1, now()) RETURNING id, task) """
     "INSERT INTO work.sqla_queue_job_executions (id, task, priority, execute_at) "
     "SELECT id, task, 0, now() FROM job RETURNING id"
 )
+_ADDED_BY_VERSION_5 = [
+    "index work.sqla_queue_job_executions_task_waiting_ix (on sqla_queue_job_executions)",
+    "table work.sqla_queue_daemons (with its columns, indexes and constraints)",
+    "table work.sqla_queue_rate_starts (with its columns, indexes and constraints)",
+    "table work.sqla_queue_schedules (with its columns, indexes and constraints)",
+    "table work.sqla_queue_task_controls (with its columns, indexes and constraints)",
+    "table work.sqla_queue_workers (with its columns, indexes and constraints)",
+]
 _ADDED_BY_VERSION_4 = [
     "column work.sqla_queue_job_executions.cancel_requested",
     "column work.sqla_queue_jobs.about_key",
@@ -151,11 +164,21 @@ _ADDED_BY_VERSION_2 = [
 @pytest.mark.parametrize(
     ("revision", "old_version", "missing"),
     [
-        ("0002", 1, sorted(_ADDED_BY_VERSION_2 + _ADDED_BY_VERSION_3 + _ADDED_BY_VERSION_4)),
-        ("0003", 2, sorted(_ADDED_BY_VERSION_3 + _ADDED_BY_VERSION_4)),
-        ("0004", 3, _ADDED_BY_VERSION_4),
+        (
+            "0002",
+            1,
+            sorted(
+                _ADDED_BY_VERSION_2
+                + _ADDED_BY_VERSION_3
+                + _ADDED_BY_VERSION_4
+                + _ADDED_BY_VERSION_5
+            ),
+        ),
+        ("0003", 2, sorted(_ADDED_BY_VERSION_3 + _ADDED_BY_VERSION_4 + _ADDED_BY_VERSION_5)),
+        ("0004", 3, sorted(_ADDED_BY_VERSION_4 + _ADDED_BY_VERSION_5)),
+        ("0005", 4, _ADDED_BY_VERSION_5),
     ],
-    ids=["version-1", "version-2", "version-3"],
+    ids=["version-1", "version-2", "version-3", "version-4"],
 )
 def test_a_worker_refuses_an_older_database_and_names_the_step(
     history_project: HostProject, revision: str, old_version: int, missing: list[str]
@@ -164,8 +187,8 @@ def test_a_worker_refuses_an_older_database_and_names_the_step(
     command.upgrade(history_project.config(), revision)  # the queue as that release left it
     engine = engine_for(history_project.url)
     SessionLocal = sessionmaker(engine)
-    # Enqueued by that release's producer: this library's enqueue writes columns that
-    # version 4 added, so it cannot run before the migration either.
+    # Enqueued by that release's producer: this library's enqueue writes what later
+    # versions added, so it cannot run before the migration either.
     with engine.begin() as connection:
         job_id = connection.execute(_OLD_RELEASE_ENQUEUE).scalar_one()
 

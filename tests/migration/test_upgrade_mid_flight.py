@@ -1,4 +1,4 @@
-"""A live install moved from schema version 1 to 2, 3 and 4 with Alembic, mid-flight.
+"""A live install moved from schema version 1 to 2, 3, 4 and 5 with Alembic, mid-flight.
 
 The host app's history up to revision 0002 created the queue at version 1. Workers of the
 version-1 release (``tests/migration/v1_worker``: that release's own claim and completion
@@ -19,19 +19,33 @@ jobs too, with later jobs of their keys queued behind them as version 2 wrote th
 The version-3 release then deploys: its producers write a key's later jobs ``waiting``, and
 its workers (``tests/migration/v3_worker``) run jobs too. A version-2 worker never claims a
 waiting job, even one whose predecessor it finished and that has nothing left ahead. The
-library is upgraded to the version-4 release: autogenerate writes the step from 3 to 4,
-exactly as committed in revision 0005, ``alembic upgrade head`` runs it while the
-executions of all three old releases are still running, and:
+committed revision 0005 steps the queue to version 4 while the executions of all three old
+releases are still running, and:
 
 * every row survives the step unchanged, and the new columns hold their defaults;
-* the old workers keep going: all three claim and complete with their own SQL after it;
-* the count gate covers the slot-less executions of the version-1 workers, so a version-4
+* all three old releases keep going with their own SQL.
+
+The version-4 release then deploys: its producers write the columns version 4 added (a job
+awaited by a caller, jobs linked to an invoice, a unique job with its key), and its workers
+(``tests/migration/v4_worker``) run jobs too. The library is upgraded to the version-5
+release: autogenerate writes the step from 4 to 5, exactly as committed in revision 0006,
+``alembic upgrade head`` runs it while the executions of all four old releases are still
+running, and:
+
+* the worker's schema check lists exactly what version 5 adds before the step, and nothing
+  after it;
+* every row survives the step unchanged (it adds tables and an index, no column), unique
+  keys included, and the new tables start empty;
+* the old workers keep going: versions 1, 3 and 4 claim and complete with their own SQL
+  after it, a version-4 completion still notifies the caller awaiting its job, and a
+  version-2 worker still claims nothing out of turn;
+* the count gate covers the slot-less executions of the version-1 workers, so a version-5
   worker stays within the task's limit of 2 while they run, and takes capacity slots once
   they are done;
-* a version-4 worker never runs a key while a version-2 worker holds it, promotes (by its
+* a version-5 worker never runs a key while a version-2 worker holds it, promotes (by its
   sweep) the waiting job whose predecessor a version-2 worker finished, runs each key's
   jobs one at a time in ``(execute_at, id)`` order, and drains everything else, including
-  an execution of a dead version-1 worker.
+  an execution of a dead version-1 worker and a job the version-4 release enqueued.
 """
 
 from __future__ import annotations
@@ -42,6 +56,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from alembic import command
 from sqlalchemy import Connection, text
@@ -49,17 +64,20 @@ from sqlalchemy.orm import sessionmaker
 
 from sqla_queue.core.payload import make_payload
 from sqla_queue.schema.verify import find_missing, inspect_schema
-from tests.migration.conftest import HOSTAPP_MIGRATIONS, HostProject, engine_for
+from tests.migration.conftest import HOSTAPP_MIGRATIONS, HostProject, engine_for, libpq_url
+from tests.migration.frozen_worker import FrozenWorker
 from tests.migration.hostapp.models import REPORT_LIMIT, queue
 from tests.migration.v1_worker import V1Worker
 from tests.migration.v2_worker import V2Worker
 from tests.migration.v3_worker import V3Worker
+from tests.migration.v4_worker import V4Worker
 
 pytestmark = pytest.mark.migration
 
 COMMITTED_0003 = HOSTAPP_MIGRATIONS / "versions" / "0003_upgrade_sqla_queue_to_v2.py"
 COMMITTED_0004 = HOSTAPP_MIGRATIONS / "versions" / "0004_upgrade_sqla_queue_to_v3.py"
 COMMITTED_0005 = HOSTAPP_MIGRATIONS / "versions" / "0005_upgrade_sqla_queue_to_v4.py"
+COMMITTED_0006 = HOSTAPP_MIGRATIONS / "versions" / "0006_upgrade_sqla_queue_to_v5.py"
 
 WHERE = "schema='work', prefix='sqla_queue_'"
 
@@ -79,6 +97,18 @@ ADDED_BY_VERSION_4 = {
     "index work.sqla_queue_jobs_unique_key_ix (on sqla_queue_jobs)",
     "table work.sqla_queue_unique_keys (with its columns, indexes and constraints)",
 }
+ADDED_BY_VERSION_5 = {
+    "index work.sqla_queue_job_executions_task_waiting_ix (on sqla_queue_job_executions)",
+    "table work.sqla_queue_task_controls (with its columns, indexes and constraints)",
+    "table work.sqla_queue_rate_starts (with its columns, indexes and constraints)",
+    "table work.sqla_queue_schedules (with its columns, indexes and constraints)",
+    "table work.sqla_queue_daemons (with its columns, indexes and constraints)",
+    "table work.sqla_queue_workers (with its columns, indexes and constraints)",
+}
+#: The tables version 5 adds, all empty after the step.
+VERSION_5_TABLES = ("task_controls", "rate_starts", "schedules", "daemons", "workers")
+#: The channel on which a version-4 completion notifies a caller awaiting the job.
+FINISHED_CHANNEL = "work.sqla_queue_finished"
 # The columns version 4 adds, with the value every row written before it must hold.
 VERSION_4_DEFAULTS: dict[str, dict[str, Any]] = {
     "job": {"unique_key": None, "about_table": None, "about_key": None, "awaited": False},
@@ -101,6 +131,16 @@ _ROWS_V2 = text(
 _ROWS_BY_NAME = text(
     "SELECT to_jsonb(j) AS job, to_jsonb(e) AS execution FROM work.sqla_queue_jobs j "
     "LEFT JOIN work.sqla_queue_job_executions e ON e.id = j.id ORDER BY j.id"
+)
+_UNIQUE_KEYS = text("SELECT to_jsonb(k) FROM work.sqla_queue_unique_keys k ORDER BY task, key")
+# What the version-4 release's producers wrote beyond the columns every release has.
+_MARK_AS_VERSION_4 = text(
+    "UPDATE work.sqla_queue_jobs SET awaited = :awaited, about_table = :about_table, "
+    "about_key = :about_key, unique_key = :unique_key WHERE id = :id"
+)
+_TAKE_KEY_AS_VERSION_4 = text(
+    "INSERT INTO work.sqla_queue_unique_keys (task, key, job_id, scope, hold_seconds) "
+    "VALUES (:task, :key, :id, 'queued', NULL)"
 )
 _STATES = text(
     "SELECT j.id, j.status, e.state, e.slot FROM work.sqla_queue_jobs j "
@@ -219,6 +259,43 @@ def _enqueue_as_version_3(connection: Connection) -> None:
     connection.execute(_ADVANCE_IDS)
 
 
+def _enqueue_as_version_4(connection: Connection) -> None:
+    """What the version-4 library added: seven mails, 23 to 29, some with its new options.
+
+    23 and 29 are awaited by a caller, 24 and 29 are linked to their invoice, and 25 is a
+    unique job, its key held in the ``unique_keys`` table as that release took it.
+    """
+    for n in range(23, 30):
+        _insert(connection, n, "mail_invoice", [n], ago=20)
+    marks = {
+        23: {"awaited": True, "about_table": None, "about_key": None, "unique_key": None},
+        24: {"awaited": False, "about_table": "invoices", "about_key": "24", "unique_key": None},
+        25: {"awaited": False, "about_table": None, "about_key": None, "unique_key": "inv-25"},
+        29: {"awaited": True, "about_table": "invoices", "about_key": "29", "unique_key": None},
+    }
+    for job_id, mark in marks.items():
+        connection.execute(_MARK_AS_VERSION_4, {"id": job_id, **mark})
+    connection.execute(_TAKE_KEY_AS_VERSION_4, {"task": "mail_invoice", "key": "inv-25", "id": 25})
+    connection.execute(_ADVANCE_IDS)
+
+
+def _beat(connection: Connection, *workers: FrozenWorker) -> None:
+    """The heartbeat of live old workers: their running executions were alive just now.
+
+    Each release's worker beats every few seconds; the frozen reductions leave that out, so
+    the story beats for them before a new worker runs its reclaim sweep. Without it, a slow
+    run (a loaded machine) would take their executions, claimed more than a lease ago, for
+    lost, like the dead worker's.
+    """
+    connection.execute(
+        text(
+            "UPDATE work.sqla_queue_job_executions SET alive_at = now() "
+            "WHERE state = 'running' AND worker_id = ANY(:workers)"
+        ),
+        {"workers": [w.worker_id for w in workers]},
+    )
+
+
 def _states(connection: Connection) -> dict[int, tuple[Any, ...]]:
     return {row.id: (row.status, row.state, row.slot) for row in connection.execute(_STATES)}
 
@@ -248,11 +325,16 @@ def _without_version_4(
     return kept
 
 
-def test_a_live_install_upgrades_from_version_1_to_2_to_3_to_4_mid_flight(
-    v3_history_project: HostProject,
+def _unique_keys(connection: Connection) -> list[dict[str, Any]]:
+    return list(connection.execute(_UNIQUE_KEYS).scalars())
+
+
+def test_a_live_install_upgrades_from_version_1_to_2_to_3_to_4_to_5_mid_flight(
+    v4_history_project: HostProject,
 ) -> None:
-    project = v3_history_project
-    assert [p.name[:4] for p in project.revision_files()] == ["0001", "0002", "0003", "0004"]
+    project = v4_history_project
+    revisions = [p.name[:4] for p in project.revision_files()]
+    assert revisions == ["0001", "0002", "0003", "0004", "0005"]
     config = project.config()
     command.upgrade(config, "0002")  # op.create_queue(..., version=1)
     engine = engine_for(project.url)
@@ -283,8 +365,9 @@ def test_a_live_install_upgrades_from_version_1_to_2_to_3_to_4_mid_flight(
 
     syncer = V2Worker()
     with engine.begin() as connection:
-        # Version 2, complete but for what versions 3 and 4 add.
-        assert _missing(connection) == (ADDED_BY_VERSION_3 | ADDED_BY_VERSION_4, 2)
+        # Version 2, complete but for what versions 3, 4 and 5 add.
+        added = ADDED_BY_VERSION_3 | ADDED_BY_VERSION_4 | ADDED_BY_VERSION_5
+        assert _missing(connection) == (added, 2)
         assert connection.execute(_ROWS_V1).all() == before_v2
         slots = connection.execute(text("SELECT slot FROM work.sqla_queue_job_executions"))
         assert set(slots.scalars()) == {None}
@@ -311,7 +394,7 @@ def test_a_live_install_upgrades_from_version_1_to_2_to_3_to_4_mid_flight(
 
     sender = V3Worker()
     with engine.begin() as connection:
-        assert _missing(connection) == (ADDED_BY_VERSION_4, 3)
+        assert _missing(connection) == (ADDED_BY_VERSION_4 | ADDED_BY_VERSION_5, 3)
         assert connection.execute(_ROWS_V2).all() == before_v3
         slots = connection.execute(text("SELECT slot FROM work.sqla_queue_job_executions"))
         assert set(slots.scalars()) == {None}
@@ -341,23 +424,16 @@ def test_a_live_install_upgrades_from_version_1_to_2_to_3_to_4_mid_flight(
         assert states[15] == ("queued", "running", None)
         before_v4 = _rows_by_name(connection)
 
-    # The library is now the version-4 release: autogenerate writes the step, as committed.
-    command.revision(config, autogenerate=True, message="upgrade sqla_queue", rev_id="0005")
-    [generated] = [p for p in project.revision_files() if p.name.startswith("0005")]
-    assert (
-        op_calls(generated)
-        == op_calls(COMMITTED_0005)
-        == {
-            "upgrade": [f"op.upgrade_queue(from_version=3, to_version=4, {WHERE})"],
-            "downgrade": [f"op.upgrade_queue(from_version=4, to_version=3, {WHERE})"],
-        }
-    )
+    # The step to version 4 is the committed revision, written when the library moved to 4.
+    assert op_calls(COMMITTED_0005) == {
+        "upgrade": [f"op.upgrade_queue(from_version=3, to_version=4, {WHERE})"],
+        "downgrade": [f"op.upgrade_queue(from_version=4, to_version=3, {WHERE})"],
+    }
+    project.alembic("upgrade", "0005")
 
-    project.alembic("upgrade", "head")
-
-    SessionLocal = sessionmaker(engine)
+    carrier = V4Worker()
     with engine.begin() as connection:
-        assert find_missing(connection, queue.tables) == ([], 4)
+        assert _missing(connection) == (ADDED_BY_VERSION_5, 4)
         assert _without_version_4(_rows_by_name(connection)) == before_v4
         keys = connection.execute(text("SELECT count(*) FROM work.sqla_queue_unique_keys"))
         assert keys.scalar_one() == 0
@@ -375,6 +451,67 @@ def test_a_live_install_upgrades_from_version_1_to_2_to_3_to_4_mid_flight(
         states = _states(connection)
         assert states[17] == states[18] == ("queued", "waiting", None)
 
+        # The version-4 release deploys: its producers write its new columns, and its
+        # workers run mails, beside a version-3 worker that has not been replaced yet.
+        _enqueue_as_version_4(connection)
+        delivered = carrier.claim(connection, ["mail_invoice"], batch=2)
+        assert sorted(c.id for c in delivered) == [23, 24]
+        [posted] = sender.claim(connection, ["mail_invoice"], batch=1)
+        assert posted.id == 25
+        before_v5 = _rows_by_name(connection)
+        keys_before_v5 = _unique_keys(connection)
+        assert [(k["key"], k["job_id"]) for k in keys_before_v5] == [("inv-25", 25)]
+
+    # The library is now the version-5 release: autogenerate writes the step, as committed.
+    command.revision(config, autogenerate=True, message="upgrade sqla_queue", rev_id="0006")
+    [generated] = [p for p in project.revision_files() if p.name.startswith("0006")]
+    assert (
+        op_calls(generated)
+        == op_calls(COMMITTED_0006)
+        == {
+            "upgrade": [f"op.upgrade_queue(from_version=4, to_version=5, {WHERE})"],
+            "downgrade": [f"op.upgrade_queue(from_version=5, to_version=4, {WHERE})"],
+        }
+    )
+
+    project.alembic("upgrade", "head")
+
+    SessionLocal = sessionmaker(engine)
+    with engine.begin() as connection:
+        assert _missing(connection) == (set(), 5)
+        assert find_missing(connection, queue.tables) == ([], 5)
+        # Version 5 adds no column: every row is exactly as it was, keys included.
+        assert _rows_by_name(connection) == before_v5
+        assert _unique_keys(connection) == keys_before_v5
+        for name in VERSION_5_TABLES:
+            count = connection.execute(text(f"SELECT count(*) FROM work.sqla_queue_{name}"))
+            assert count.scalar_one() == 0, name
+
+    # The old workers keep going after the step, with their own SQL; a version-4
+    # completion still tells the caller awaiting its job (23) that it finished.
+    with psycopg.connect(libpq_url(project.url), autocommit=True) as listener:
+        listener.execute(f'LISTEN "{FINISHED_CHANNEL}"')
+        with engine.begin() as connection:
+            assert carrier.succeed(connection, delivered, result="done by version 4") == [23, 24]
+        notes = [n.payload for n in listener.notifies(timeout=1.0, stop_after=1)]
+    assert notes == ["23"]
+    with engine.begin() as connection:
+        assert sender.succeed(connection, [posted], result="done by version 3") == [25]
+        [mail] = sender.claim(connection, ["mail_invoice"], batch=1)
+        assert mail.id == 26
+        assert sender.succeed(connection, [mail], result="done by version 3") == [26]
+        [mail] = carrier.claim(connection, ["mail_invoice"], batch=1)
+        assert mail.id == 27
+        assert carrier.succeed(connection, [mail], result="done by version 4") == [27]
+        [mail] = mailer.claim(connection, ["mail_invoice"], batch=1)
+        assert mail.id == 28
+        assert mailer.succeed(connection, [mail], result=28) == [28]
+        # A version-2 worker still claims nothing out of turn.
+        assert syncer.claim(connection, ["sync_customer"], batch=10) == []
+        states = _states(connection)
+        assert states[17] == states[18] == ("queued", "waiting", None)
+        assert states[29] == ("queued", "pending", None)
+
     def run_new_worker() -> None:
         # More threads than the limit: only the database's gate can keep reports at 2.
         worker = queue.worker(
@@ -384,11 +521,14 @@ def test_a_live_install_upgrades_from_version_1_to_2_to_3_to_4_mid_flight(
 
     # The version-1 worker's two reports fill the limit, and the version-2 worker holds
     # customer-1: the new worker runs the mail it reclaims and the job it promotes.
+    with engine.begin() as connection:
+        _beat(connection, reporter, syncer)
     run_new_worker()
     with engine.connect() as connection:
         states = _states(connection)
     assert states[lost.id] == ("succeeded", None, None)  # reclaimed from the dead worker
     assert states[17] == ("succeeded", None, None)  # promoted by the sweep
+    assert states[29] == ("succeeded", None, None)  # enqueued by the version-4 release
     assert [states[n] for n in (2, 3)] == [("queued", "running", None)] * 2
     assert [states[n] for n in range(4, 8)] == [("queued", "pending", None)] * 4
     assert states[15] == ("queued", "running", None)
@@ -408,9 +548,11 @@ def test_a_live_install_upgrades_from_version_1_to_2_to_3_to_4_mid_flight(
         )
     engine.dispose()
 
-    assert states == dict.fromkeys(range(1, 23), ("succeeded", None, None)), "a job was lost"
+    assert states == dict.fromkeys(range(1, 30), ("succeeded", None, None)), "a job was lost"
     assert results[2] == results[3] == "done by version 1"
-    assert all(results[n] == "done by version 3" for n in (19, 20, 22))
+    assert all(results[n] == "done by version 3" for n in (19, 20, 22, 25, 26))
+    assert all(results[n] == "done by version 4" for n in (23, 24, 27))
+    assert (results[21], results[28], results[29]) == (21, 28, 29)
     reports = [results[n] for n in range(4, 8)]
     assert sorted(r["report_id"] for r in reports) == [4, 5, 6, 7]
     assert {r["slot"] for r in reports} == set(range(REPORT_LIMIT))

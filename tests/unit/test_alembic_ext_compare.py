@@ -46,6 +46,11 @@ def target(version: int = SCHEMA_VERSION, schema: str | None = "work") -> QueueT
         tables.executions,
         tables.limits,
         tables.unique_keys,
+        tables.controls,
+        tables.rate_starts,
+        tables.schedules,
+        tables.daemons,
+        tables.workers,
         schema,
         tables.prefix,
         version,
@@ -70,6 +75,12 @@ def test_queues_are_found_through_metadata_info() -> None:
     assert found[0].limits is a.limits and found[1].limits is b.limits
     assert found[0].tables.limits is a.limits
     assert found[0].unique_keys is a.unique_keys and found[1].tables.unique_keys is b.unique_keys
+    assert found[0].controls is a.controls and found[1].tables.controls is b.controls
+    assert found[0].rate_starts is a.rate_starts and found[1].rate_starts is b.rate_starts
+    assert found[0].schedules is a.schedules and found[1].schedules is b.schedules
+    assert found[0].daemons is a.daemons and found[1].tables.daemons is b.daemons
+    assert found[0].workers is a.workers and found[1].tables.workers is b.workers
+    assert found[0].tables.all == a.all and found[1].tables.all == b.all
     assert find_queues(None) == []
     assert find_queues(MetaData()) == []
 
@@ -77,7 +88,7 @@ def test_queues_are_found_through_metadata_info() -> None:
 def test_tables_copied_to_another_metadata_are_found_by_their_tags() -> None:
     tables = build_tables(MetaData(), schema="work")
     copy = MetaData()
-    for table in (tables.jobs, tables.executions, tables.limits, tables.unique_keys):
+    for table in tables.all:
         table.to_metadata(copy)
     lonely = MetaData()
     tables.jobs.to_metadata(lonely)  # part of a queue is not a queue
@@ -85,14 +96,28 @@ def test_tables_copied_to_another_metadata_are_found_by_their_tags() -> None:
     short = MetaData()  # nor are the three tables of version 3 without the fourth
     for table in (tables.jobs, tables.executions, tables.limits):
         table.to_metadata(short)
+    version_4 = MetaData()  # nor the four tables of version 4 without those of version 5
+    for table in (tables.jobs, tables.executions, tables.limits, tables.unique_keys):
+        table.to_metadata(version_4)
+    almost = MetaData()  # nor all but one of version 5's
+    for table in tables.all:
+        if table is not tables.workers:
+            table.to_metadata(almost)
 
     [found] = find_queues([copy, lonely])
     assert find_queues(short) == []
+    assert find_queues(version_4) == []
+    assert find_queues(almost) == []
 
     assert (found.schema, found.prefix, found.version) == ("work", "sqla_queue_", SCHEMA_VERSION)
     assert found.jobs is copy.tables["work.sqla_queue_jobs"]
     assert found.limits is copy.tables["work.sqla_queue_task_limits"]
     assert found.unique_keys is copy.tables["work.sqla_queue_unique_keys"]
+    assert found.controls is copy.tables["work.sqla_queue_task_controls"]
+    assert found.rate_starts is copy.tables["work.sqla_queue_rate_starts"]
+    assert found.schedules is copy.tables["work.sqla_queue_schedules"]
+    assert found.daemons is copy.tables["work.sqla_queue_daemons"]
+    assert found.workers is copy.tables["work.sqla_queue_workers"]
 
 
 def test_the_target_version_comes_from_the_model() -> None:
@@ -117,11 +142,11 @@ def test_older_version_means_upgrade_from_there() -> None:
     assert plan_queue_op(target(3), 1) == UpgradeQueueOp(1, 3, "work", "sqla_queue_")
 
 
-@pytest.mark.parametrize("db_version", [1, 2, 3])
+@pytest.mark.parametrize("db_version", [1, 2, 3, 4])
 def test_an_older_database_under_the_current_model_gets_the_real_step(db_version: int) -> None:
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5
     assert plan_queue_op(target(), db_version) == UpgradeQueueOp(
-        db_version, 4, "work", "sqla_queue_"
+        db_version, 5, "work", "sqla_queue_"
     )
 
 
@@ -133,6 +158,8 @@ def test_an_older_database_under_the_current_model_gets_the_real_step(db_version
         (None, ["sqla_queue_jobs"], "sqla_queue_jobs found .* half-installed"),
         (None, ["sqla_queue_task_limits"], "sqla_queue_task_limits found .* half-installed"),
         (None, ["sqla_queue_unique_keys"], "sqla_queue_unique_keys found .* half-installed"),
+        (None, ["sqla_queue_daemons"], "sqla_queue_daemons found .* half-installed"),
+        (None, ["sqla_queue_task_controls"], "sqla_queue_task_controls found .* half-installed"),
     ],
 )
 def test_odd_databases_are_left_alone_with_a_warning(
@@ -155,6 +182,11 @@ def _alembic_proposals() -> tuple[UpgradeOps, set[tuple[str | None, str]]]:
         CreateTableOp.from_table(host),
         CreateTableOp.from_table(queue.limits),
         CreateTableOp.from_table(queue.unique_keys),
+        CreateTableOp.from_table(queue.controls),
+        CreateTableOp.from_table(queue.rate_starts),
+        CreateTableOp.from_table(queue.schedules),
+        CreateTableOp.from_table(queue.daemons),
+        CreateTableOp.from_table(queue.workers),
         ModifyTableOps(
             "sqla_queue_job_executions",
             [AddColumnOp("sqla_queue_job_executions", Column("x", Integer))],
@@ -170,13 +202,18 @@ def _alembic_proposals() -> tuple[UpgradeOps, set[tuple[str | None, str]]]:
         (None, "sqla_queue_job_executions"),
         (None, "sqla_queue_task_limits"),
         (None, "sqla_queue_unique_keys"),
+        (None, "sqla_queue_task_controls"),
+        (None, "sqla_queue_rate_starts"),
+        (None, "sqla_queue_schedules"),
+        (None, "sqla_queue_daemons"),
+        (None, "sqla_queue_workers"),
     }
     return UpgradeOps(ops=ops), owned
 
 
 def test_alembic_proposals_for_queue_tables_give_way_to_the_queue_op() -> None:
     upgrade_ops, owned = _alembic_proposals()
-    create = CreateQueueOp("public", "sqla_queue_", version=4)
+    create = CreateQueueOp("public", "sqla_queue_", version=5)
 
     rewrite_upgrade_ops(upgrade_ops, [create], owned, default_schema="public")
 
@@ -205,6 +242,27 @@ def test_dropping_both_version_1_tables_becomes_one_drop_queue_at_the_end() -> N
 
     assert [type(op) for op in upgrade_ops.ops] == [DropTableOp, DropQueueOp]
     assert upgrade_ops.ops[-1] == DropQueueOp("work", "q_", version=1)
+
+
+def test_dropping_all_nine_version_5_tables_becomes_one_drop_queue() -> None:
+    """drop_queue(version=5) drops the five tables of version 5 too: none may stay behind."""
+    upgrade_ops = UpgradeOps(
+        ops=[
+            _dropped("q_workers", "work", "sqla_queue: live workers"),
+            _dropped("q_daemons", "work", "sqla_queue: daemon instances"),
+            _dropped("q_schedules", "work", None),
+            _dropped("q_rate_starts", "work", None),
+            _dropped("q_task_controls", "work", None),
+            _dropped("q_unique_keys", "work", None),
+            _dropped("q_task_limits", "work", None),
+            _dropped("q_job_executions", "work", "sqla_queue schema version 5"),
+            _dropped("q_jobs", "work", None),
+        ]
+    )
+
+    rewrite_upgrade_ops(upgrade_ops, [], set(), default_schema="public")
+
+    assert upgrade_ops.ops == [DropQueueOp("work", "q_", version=5)]
 
 
 def test_dropping_all_four_version_4_tables_becomes_one_drop_queue() -> None:
@@ -258,6 +316,17 @@ def test_dropping_all_three_version_2_tables_becomes_one_drop_queue() -> None:
             _dropped("q_job_executions", None, "sqla_queue schema version 4"),
             _dropped("q_jobs", None, None),
             _dropped("q_task_limits", None, None),
+        ],
+        # Version 5 has nine tables; a filter keeps workers, so drop_queue cannot run.
+        [
+            _dropped("q_job_executions", None, "sqla_queue schema version 5"),
+            _dropped("q_jobs", None, None),
+            _dropped("q_task_limits", None, None),
+            _dropped("q_unique_keys", None, None),
+            _dropped("q_task_controls", None, None),
+            _dropped("q_rate_starts", None, None),
+            _dropped("q_schedules", None, None),
+            _dropped("q_daemons", None, None),
         ],
         # A version this library does not know: which tables it has is unknown.
         [

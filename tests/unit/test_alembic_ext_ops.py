@@ -187,6 +187,14 @@ def test_each_release_knows_its_tables() -> None:
     assert versions.table_suffixes(2) == ("jobs", "job_executions", "task_limits")
     assert versions.table_suffixes(3) == versions.table_suffixes(2)
     assert versions.table_suffixes(4) == ("jobs", "job_executions", "task_limits", "unique_keys")
+    assert versions.table_suffixes(5) == (
+        *versions.table_suffixes(4),
+        "task_controls",
+        "rate_starts",
+        "schedules",
+        "daemons",
+        "workers",
+    )
     with pytest.raises(UnknownSchemaVersionError):
         versions.table_suffixes(99)
 
@@ -248,6 +256,21 @@ def test_version_4_and_its_step_are_frozen() -> None:
 FROZEN_V4_SHA256 = "6d377939f62ea2011653a257952a0a4aca99a9144aa626c8f251cdd26fc0f507"
 
 
+def test_version_5_and_its_step_are_frozen() -> None:
+    """The same tripwire for version 5 as released: its create, drop and the 4-5 step."""
+    text = "\n".join(
+        versions.create_statements(5, "s", "p_")
+        + versions.drop_statements(5, "s", "p_")
+        + versions.migrate_statements(4, 5, "s", "p_")
+        + versions.migrate_statements(5, 4, "s", "p_")
+    )
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    assert digest == FROZEN_V5_SHA256, text
+
+
+FROZEN_V5_SHA256 = "d708c959c6193d92ece1e87bf741b4108c084cde5a1ce92b59299946fc46d5da"
+
+
 def test_each_version_is_the_previous_one_followed_by_the_step() -> None:
     for version in versions.known_versions()[1:]:
         assert versions.create_statements(version, "s", "p_") == (
@@ -256,6 +279,14 @@ def test_each_version_is_the_previous_one_followed_by_the_step() -> None:
         ), version
     assert versions.drop_statements(4, None, "p_")[0] == "DROP TABLE p_unique_keys"
     assert versions.drop_statements(4, None, "p_")[1:] == versions.drop_statements(3, None, "p_")
+    assert versions.drop_statements(5, None, "p_")[:5] == [
+        "DROP TABLE p_workers",
+        "DROP TABLE p_daemons",
+        "DROP TABLE p_schedules",
+        "DROP TABLE p_rate_starts",
+        "DROP TABLE p_task_controls",
+    ]
+    assert versions.drop_statements(5, None, "p_")[5:] == versions.drop_statements(4, None, "p_")
 
 
 def test_the_step_to_version_4_adds_columns_in_place_and_the_downgrade_drops_them() -> None:
@@ -269,6 +300,28 @@ def test_the_step_to_version_4_adds_columns_in_place_and_the_downgrade_drops_the
     assert up[-1] == "COMMENT ON TABLE \"user\".q_job_executions IS 'sqla_queue schema version 4'"
     assert down[0] == 'DROP TABLE "user".q_unique_keys'
     assert down[-1] == "COMMENT ON TABLE \"user\".q_job_executions IS 'sqla_queue schema version 3'"
+
+
+def test_the_step_to_version_5_adds_tables_and_one_index_and_the_downgrade_drops_them() -> None:
+    up = versions.migrate_statements(4, 5, "user", "q_")
+    down = versions.migrate_statements(5, 4, "user", "q_")
+    created = [s.split(" (")[0] for s in up if s.startswith("CREATE TABLE")]
+    assert created == [
+        'CREATE TABLE "user".q_task_controls',
+        'CREATE TABLE "user".q_rate_starts',
+        'CREATE TABLE "user".q_schedules',
+        'CREATE TABLE "user".q_daemons',
+        'CREATE TABLE "user".q_workers',
+    ]
+    assert not any(s.startswith("ALTER TABLE") for s in up)  # no existing row is touched
+    # The index is built last: it locks the executions table until the migration commits.
+    assert up[-2] == (
+        'CREATE INDEX q_job_executions_task_waiting_ix ON "user".q_job_executions (task) '
+        "WHERE state = 'waiting'"
+    )
+    assert up[-1] == "COMMENT ON TABLE \"user\".q_job_executions IS 'sqla_queue schema version 5'"
+    assert down[0] == 'DROP INDEX "user".q_job_executions_task_waiting_ix'
+    assert down[-1] == "COMMENT ON TABLE \"user\".q_job_executions IS 'sqla_queue schema version 4'"
 
 
 def test_version_2_is_version_1_followed_by_the_step() -> None:

@@ -14,6 +14,11 @@ from sqla_queue.models import build_tables
 
 pytestmark = pytest.mark.unit
 
+from sqla_queue.statements.controls import (  # noqa: E402
+    controlled_tasks_statement,
+    rate_lock_statement,
+)
+
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 DIALECT = postgresql.psycopg.dialect()  # the driver sqla_queue runs on: it casts binds
 
@@ -30,6 +35,10 @@ def tables():
 BUILDERS = {
     "claim": statements.claim_statement,
     "claim_limited": lambda t: statements.claim_statement(t, limited=True),
+    "claim_rated": lambda t: statements.claim_statement(t, rated=True),
+    "claim_rated_limited": lambda t: statements.claim_statement(t, limited=True, rated=True),
+    "rate_lock": rate_lock_statement,
+    "controlled_tasks": controlled_tasks_statement,
     "complete": statements.complete_statement,
     "heartbeat": statements.heartbeat_statement,
     "reclaim": statements.reclaim_statement,
@@ -111,6 +120,7 @@ def test_no_values_baked_in(tables, name: str) -> None:
         "release",
         "1 second",
         "1 day",  # the cap of the claim's next due time
+        "60 seconds",  # how long a rate-limited task's recorded start outlives its window
         "{}",  # the empty integer[] of a task that holds no slot yet
         "",  # coalesce(state, '') = 'running': see statements._common.still_running
     }

@@ -28,8 +28,23 @@ from sqla_queue.statements import (
     promote_statement,
     reclaim_statement,
 )
-from sqla_queue.statements.claim import ClaimParams, LimitedClaimParams
+from sqla_queue.statements.claim import (
+    ClaimParams,
+    LimitedClaimParams,
+    LimitedRatedClaimParams,
+    RatedClaimParams,
+)
 from sqla_queue.statements.complete import OUTCOME_COLUMNS, CompleteParams
+from sqla_queue.statements.controls import (
+    ControlledTasksParams,
+    RateLockParams,
+    SetPausedParams,
+    SetRateParams,
+    controlled_tasks_statement,
+    rate_lock_statement,
+    set_paused_statement,
+    set_rate_statement,
+)
 from sqla_queue.statements.keys import CleanupParams, KeysParams, SweepParams
 from sqla_queue.statements.liveness import HeartbeatParams, ReclaimParams
 
@@ -38,6 +53,16 @@ pytestmark = pytest.mark.unit
 CONTRACTS: list[tuple[str, Callable[[QueueTables], Any], type]] = [
     ("claim", claim_statement, ClaimParams),
     ("limited claim", lambda t: claim_statement(t, limited=True), LimitedClaimParams),
+    ("rated claim", lambda t: claim_statement(t, rated=True), RatedClaimParams),
+    (
+        "limited rated claim",
+        lambda t: claim_statement(t, limited=True, rated=True),
+        LimitedRatedClaimParams,
+    ),
+    ("rate lock", rate_lock_statement, RateLockParams),
+    ("controlled tasks", controlled_tasks_statement, ControlledTasksParams),
+    ("set paused", set_paused_statement, SetPausedParams),
+    ("set rate", set_rate_statement, SetRateParams),
     ("complete", complete_statement, CompleteParams),
     ("heartbeat", heartbeat_statement, HeartbeatParams),
     ("reclaim", reclaim_statement, ReclaimParams),

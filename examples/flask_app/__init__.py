@@ -1,0 +1,1 @@
+"""A Flask application that enqueues in its requests' transactions; workers run apart."""

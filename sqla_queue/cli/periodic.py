@@ -1,0 +1,77 @@
+"""``sqla-queue periodic``: list the queue's periodic schedules, their last and next tick."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["PERIODIC_HELP", "add_periodic_parser", "run_periodic"]
+
+PERIODIC_HELP = """\
+List the periodic schedules that the queue registers (@queue.periodic, queue.schedule),
+by name: the task each one enqueues, its cron expression and time zone (or its interval),
+its catch-up policy, the last tick enqueued and the next tick to enqueue. Workers enqueue
+each tick ahead of time (up to two maintenance intervals before it), as a job due at the
+tick, so the last tick may lie a few seconds in the future.
+
+A schedule that no worker has run yet shows no last tick; its next tick is the first one
+after now. A next tick in the past means no worker has run the schedule since then: the
+first worker to start applies the catch-up policy (skip, one or all). A row stored by a
+schedule that the code no longer registers is listed last, marked unregistered.
+
+Times are this machine's local time, to the second; --json gives them in ISO 8601 with
+their UTC offset."""
+
+
+def add_periodic_parser(sub: argparse._SubParsersAction[Any]) -> None:
+    """Add the ``periodic`` sub-command to the ``sqla-queue`` parser's sub-parsers.
+
+    ``sub`` is what ``add_subparsers()`` returned, whatever its parser class.
+    """
+    from sqla_queue.cli.main import _add_json, _add_target
+
+    periodic = sub.add_parser(
+        "periodic",
+        help="list periodic schedules with their last and next tick",
+        description=PERIODIC_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_target(periodic)
+    _add_json(periodic)
+
+
+def run_periodic(args: argparse.Namespace) -> int:
+    """Run ``sqla-queue periodic``: print the schedules as a table, or as JSON with --json.
+
+    Returns the exit status (0); a usage or database error is raised for ``main`` to
+    report, as for every other command.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from sqla_queue.cli.main import EXIT_OK, _engine, _print_json, _shown_time, _target
+
+    queue, url = _target(args)
+    engine = _engine(url)
+    try:
+        with engine.connect() as connection:
+            states = queue.schedules(connection)
+    finally:
+        engine.dispose()
+    if args.json:
+        _print_json([state.as_json() for state in states])
+        return EXIT_OK
+    table = Table("name", "task", "schedule", "catch-up", "last tick", "next tick")
+    for column in table.columns[4:]:
+        column.no_wrap = True
+    for state in states:
+        table.add_row(
+            state.name if state.registered else f"{state.name} (unregistered)",
+            state.task,
+            state.schedule,
+            state.catch_up,
+            _shown_time(state.last_tick),
+            _shown_time(state.next_tick),
+        )
+    Console().print(table if states else "no periodic schedules")
+    return EXIT_OK

@@ -1,0 +1,465 @@
+"""The dashboard's pages and actions.
+
+Pages read through :class:`~sqla_queue.dashboard.database.Database` in one short
+transaction each. Actions (POST) run only for a request the host's ``auth`` accepts and
+that carries a valid CSRF token; they call the same :class:`~sqla_queue.Queue` methods as
+the CLI, then redirect (303) to a page that says what happened.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+from sqlalchemy.engine import Connection
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.templating import Jinja2Templates
+
+from sqla_queue.admin import BIGINT_MAX
+from sqla_queue.dashboard.chart import bar_chart, sparkline
+from sqla_queue.dashboard.csrf import COOKIE_NAME, FIELD_NAME, CsrfSigner
+from sqla_queue.dashboard.database import Database
+from sqla_queue.dashboard.queries import JobFilters, read_job, read_job_page, read_throughput
+from sqla_queue.errors import SqlaQueueError
+from sqla_queue.statements.listing import JOB_STATES
+from sqla_queue.status import read_status
+
+if TYPE_CHECKING:
+    from sqla_queue.dashboard.app import AuthCallable, DashboardConfig
+    from sqla_queue.queue import Queue
+
+__all__ = ["NOTICES", "Access", "Views"]
+
+#: What a page says after an action redirected to it (``?done=CODE``). Codes, not text,
+#: travel in the URL, so a crafted link cannot make the dashboard say anything else.
+NOTICES = {
+    "requeued": "Job requeued: it runs again from its first attempt.",
+    "not-requeued": "Nothing was requeued: only a failed or cancelled job can be.",
+    "cancel-cancelled": "Job cancelled: it will not run.",
+    "cancel-requested": (
+        "Cancel requested: the job is running; its worker learns it within a heartbeat."
+    ),
+    "cancel-finished": "Nothing was cancelled: the job had already finished.",
+    "cancel-not_found": "Nothing was cancelled: there is no such job.",
+    "cancel-blocked": "Nothing was cancelled: the job's rows stayed locked; try again.",
+    "paused": "Task paused: workers stop claiming it within their maintenance interval.",
+    "resumed": "Task resumed: workers claim it again within their maintenance interval.",
+    "limit-set": "Concurrency limit stored: it applies at the next claim.",
+    "limit-unset": "Stored concurrency limit removed: the declared one (if any) applies.",
+}
+
+_MAX_FORM_BYTES = 16_384
+_FORM_TYPE = "application/x-www-form-urlencoded"
+
+
+@dataclass(frozen=True)
+class Access:
+    """What one request may do: take actions or not, and who the host says it is."""
+
+    allowed: bool
+    #: What ``auth`` returned, as text, when it was not just ``True``.
+    identity: str | None = None
+
+
+class _Refused(Exception):
+    """An action refused before anything ran: the status and the reason shown."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+def _when(value: dt.datetime | str | None) -> str:
+    """A time as this machine shows it, to the second; ``-`` for none."""
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        try:
+            parsed = dt.datetime.fromisoformat(value)
+        except ValueError:
+            return value
+        return parsed.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _seconds(value: float | None) -> str:
+    """A duration for people: ``42 s``, ``3 min``, ``2.5 h``; ``-`` for none."""
+    if value is None:
+        return "-"
+    if value < 120:
+        return f"{value:.0f} s"
+    if value < 7200:
+        return f"{value / 60:.0f} min"
+    if value < 172_800:
+        return f"{value / 3600:.1f} h"
+    return f"{value / 86400:.1f} d"
+
+
+class Views:
+    """Every endpoint of one dashboard, sharing its queue, database and settings."""
+
+    def __init__(
+        self,
+        *,
+        queue: Queue,
+        db: Database,
+        auth: AuthCallable | None,
+        config: DashboardConfig,
+        signer: CsrfSigner,
+        templates: Jinja2Templates,
+    ) -> None:
+        self.queue = queue
+        self.db = db
+        self.auth = auth
+        self.config = config
+        self.signer = signer
+        self.templates = templates
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    async def access(self, request: Request) -> Access:
+        """Ask the host's ``auth`` about ``request``; without one, nobody takes actions."""
+        if self.auth is None:
+            return Access(False)
+        verdict = self.auth(request)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        if verdict is None or verdict is False or verdict == "":
+            return Access(False)
+        return Access(True, None if verdict is True else str(verdict))
+
+    @staticmethod
+    def _path(
+        request: Request, name: str, query: Mapping[str, Any] | None = None, **params: Any
+    ) -> str:
+        path = request.url_for(name, **params).path
+        wanted = {k: v for k, v in (query or {}).items() if v not in (None, "")}
+        return f"{path}?{urlencode(wanted)}" if wanted else path
+
+    def render(
+        self,
+        request: Request,
+        template: str,
+        context: dict[str, Any],
+        access: Access,
+        *,
+        status: int = 200,
+        refresh: bool = False,
+    ) -> Response:
+        """Render a page; when it shows action forms, give it a CSRF token (and cookie)."""
+        token: str | None = None
+        new_cookie: str | None = None
+        if access.allowed:
+            token = self.signer.token_of(request.cookies.get(COOKIE_NAME))
+            if token is None:
+                token, new_cookie = self.signer.new_cookie()
+        done = request.query_params.get("done")
+
+        def link(name: str, query: Mapping[str, Any] | None = None, **params: Any) -> str:
+            return self._path(request, name, query, **params)
+
+        page = {
+            "title": self.config.title,
+            "access": access,
+            "csrf_field": FIELD_NAME,
+            "csrf_token": token,
+            "notice": NOTICES.get(done) if done else None,
+            "error": None,
+            "refresh": self.config.refresh if refresh else None,
+            "link": link,
+            "when": _when,
+            "seconds": _seconds,
+            "nav": "",
+            **context,
+        }
+        response = self.templates.TemplateResponse(request, template, page, status_code=status)
+        response.headers["cache-control"] = "no-store"
+        if new_cookie is not None:
+            response.set_cookie(
+                COOKIE_NAME,
+                new_cookie,
+                path=request.scope.get("root_path") or "/",
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+            )
+        return response
+
+    def exception_handlers(self) -> dict[Any, Any]:
+        """Starlette exception handlers rendering errors as dashboard pages."""
+
+        async def http_error(request: Request, exc: Exception) -> Response:
+            assert isinstance(exc, HTTPException)
+            return self.render(
+                request,
+                "error.html",
+                {"page_title": str(exc.status_code), "error": exc.detail},
+                await self.access(request),
+                status=exc.status_code,
+            )
+
+        return {HTTPException: http_error}
+
+    async def _guard(self, request: Request) -> dict[str, str]:
+        """The action's form, once ``auth``, the origin and the CSRF token all agree."""
+        access = await self.access(request)
+        if not access.allowed:
+            raise _Refused(403, "This dashboard is read-only: actions need the host's auth.")
+        origin = request.headers.get("origin")
+        if origin is not None and origin != "null":
+            parts = urlsplit(origin)
+            if (parts.scheme, parts.netloc) != (request.url.scheme, request.url.netloc):
+                raise _Refused(403, "Refused: the form was sent from another site.")
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > _MAX_FORM_BYTES:
+                raise _Refused(413, "The form is too large.")
+        # An empty body is an empty form (and fails the token check below).
+        if body and not request.headers.get("content-type", "").startswith(_FORM_TYPE):
+            raise _Refused(415, f"Actions take a form ({_FORM_TYPE}).")
+        try:
+            parsed = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=16)
+        except (UnicodeDecodeError, ValueError):
+            raise _Refused(400, "The form could not be read.") from None
+        form = {key: values[-1] for key, values in parsed.items()}
+        if not self.signer.check(request.cookies.get(COOKIE_NAME), form.get(FIELD_NAME)):
+            raise _Refused(
+                403, "Refused: the form's CSRF token is missing or invalid. Reload the page."
+            )
+        return form
+
+    async def _refused(self, request: Request, refused: _Refused) -> Response:
+        return self.render(
+            request,
+            "error.html",
+            {"page_title": "Refused", "error": refused.reason},
+            await self.access(request),
+            status=refused.status,
+        )
+
+    # -- pages ---------------------------------------------------------------------------
+
+    async def overview(self, request: Request) -> Response:
+        """Per task: counts, limit, pause, throughput; the last hour's chart; workers."""
+        access = await self.access(request)
+        queue, config = self.queue, self.config
+
+        def read(connection: Connection) -> tuple[Any, Any, Any]:
+            # read_status rather than queue.status: the same reading, with this page's
+            # smaller row cap (measured: the default cap's walks dominate the page).
+            limits = queue.limits(connection)
+            declared = {n: lim.declared for n, lim in limits.items() if lim.declared is not None}
+            status = read_status(
+                connection,
+                queue.tables,
+                tasks=sorted(queue.tasks),
+                declared_limits=declared,
+                scan_cap=config.scan_cap,
+            )
+            chart = read_throughput(
+                connection,
+                queue.tables,
+                status.now,
+                minutes=config.chart_minutes,
+                cap=config.scan_cap,
+            )
+            return status, limits, chart
+
+        status, limits, chart = await self.db.read(read)
+        total = chart.total
+        context = {
+            "page_title": "Overview",
+            "nav": "overview",
+            "status": status,
+            "limits": limits,
+            "chart": chart,
+            "total_chart": bar_chart(
+                total, chart.start, label=f"jobs finished per minute, last {chart.minutes} min"
+            ),
+            "sparks": {
+                task: sparkline(counts, label=f"{task}: finished per minute")
+                for task, counts in chart.per_task.items()
+            },
+            "peak": max(total, default=0),
+            "scan_cap": config.scan_cap,
+        }
+        return self.render(request, "overview.html", context, access, refresh=True)
+
+    def _filters(self, request: Request) -> tuple[JobFilters, str | None]:
+        query = request.query_params
+        task = query.get("task", "").strip() or None
+        state = query.get("state", "").strip().lower() or None
+        key = query.get("key", "") or None
+        about = query.get("about", "").strip()
+        before_text = query.get("before", "").strip()
+        error = None
+        if state is not None and state not in JOB_STATES:
+            error = f"Unknown state {state!r}: use one of {', '.join(JOB_STATES)}."
+            state = None
+        about_table: str | None = None
+        about_key: str | None = None
+        if about:
+            about_table, sep, rest = about.partition(":")
+            about_key = rest if sep else None
+            if not about_table or (sep and not rest):
+                error = f"The linked row is TABLE or TABLE:KEY (orders:42), not {about!r}."
+                about_table = about_key = None
+        before: int | None = None
+        if before_text:
+            if before_text.isdigit() and 1 <= int(before_text) <= BIGINT_MAX + 1:
+                before = int(before_text)
+            else:
+                error = f"before must be a job id, not {before_text!r}."
+        filters = JobFilters(task, state, key, about_table, about_key, before)
+        return filters, error
+
+    async def jobs(self, request: Request) -> Response:
+        """The job list: filters, newest first, a page at a time (keyset on the id)."""
+        access = await self.access(request)
+        filters, error = self._filters(request)
+        shown = {
+            "task": filters.task or "",
+            "state": filters.state or "",
+            "key": filters.key or "",
+            "about": request.query_params.get("about", ""),
+        }
+        context: dict[str, Any] = {
+            "page_title": "Jobs",
+            "nav": "jobs",
+            "filters": shown,
+            "states": JOB_STATES,
+            "tasks": sorted(self.queue.tasks),
+            "page": None,
+            "first_page": filters.before is None,
+        }
+        if error is not None:
+            context["error"] = error
+            return self.render(request, "jobs.html", context, access, status=400)
+        queue, size = self.queue, self.config.page_size
+        page = await self.db.read(
+            lambda connection: read_job_page(connection, queue.tables, filters, page_size=size)
+        )
+        context["page"] = page
+        if page.next_before is not None:
+            context["older"] = self._path(request, "jobs", {**shown, "before": page.next_before})
+        context["newest"] = self._path(request, "jobs", shown)
+        return self.render(request, "jobs.html", context, access)
+
+    async def job(self, request: Request) -> Response:
+        """One job: arguments, every attempt's error, result, links, live execution."""
+        access = await self.access(request)
+        job_id = int(request.path_params["job_id"])
+        queue = self.queue
+        job = await self.db.read(lambda connection: read_job(connection, queue.tables, job_id))
+        if job is None:
+            raise HTTPException(404, f"There is no job {job_id}.")
+        payload = job["payload"] if isinstance(job["payload"], dict) else {}
+        context = {
+            "page_title": f"Job {job_id}",
+            "nav": "jobs",
+            "job": job,
+            "args": _pretty(payload.get("args", [])),
+            "kwargs": _pretty(payload.get("kwargs", {})),
+            "result": None if job["result"] is None else _pretty(job["result"]),
+            "errors": list(reversed(job["errors"] or [])),
+            "can_requeue": job["status"] in ("failed", "cancelled"),
+            "can_cancel": job["status"] == "queued",
+        }
+        return self.render(request, "job.html", context, access)
+
+    async def workers(self, request: Request) -> Response:
+        """The live workers, as their last beats left them."""
+        access = await self.access(request)
+        queue = self.queue
+        status = await self.db.read(queue.status)
+        context = {"page_title": "Workers", "nav": "workers", "status": status}
+        return self.render(request, "workers.html", context, access, refresh=True)
+
+    # -- actions -------------------------------------------------------------------------
+
+    async def requeue(self, request: Request) -> Response:
+        """Put a failed or cancelled job back in the queue."""
+        try:
+            await self._guard(request)
+        except _Refused as refused:
+            return await self._refused(request, refused)
+        job_id = int(request.path_params["job_id"])
+        queue = self.queue
+        done = await self.db.write(lambda connection: queue.requeue(connection, [job_id]))
+        code = "requeued" if done else "not-requeued"
+        return RedirectResponse(self._path(request, "job", {"done": code}, job_id=job_id), 303)
+
+    async def cancel(self, request: Request) -> Response:
+        """Cancel a queued job, or ask a running one to stop."""
+        from sqla_queue.errors import CancelBlockedError
+
+        try:
+            await self._guard(request)
+        except _Refused as refused:
+            return await self._refused(request, refused)
+        job_id = int(request.path_params["job_id"])
+        try:
+            outcomes = await self.db.cancel(self.queue, [job_id])
+            code = f"cancel-{outcomes.get(job_id, 'not_found')}"
+        except CancelBlockedError:
+            code = "cancel-blocked"
+        return RedirectResponse(self._path(request, "job", {"done": code}, job_id=job_id), 303)
+
+    async def _task_action(self, request: Request, action: str) -> Response:
+        try:
+            form = await self._guard(request)
+        except _Refused as refused:
+            return await self._refused(request, refused)
+        task = str(request.path_params["task"])
+        queue = self.queue
+        limit: int | None = None
+        if action == "limit":
+            text = form.get("limit", "").strip()
+            if text:
+                if not text.isdigit():
+                    return await self._refused(
+                        request, _Refused(400, f"A limit is a whole number, not {text!r}.")
+                    )
+                limit = int(text)
+
+        def run(connection: Connection) -> None:
+            if action == "pause":
+                queue.pause(connection, task)
+            elif action == "resume":
+                queue.resume(connection, task)
+            else:
+                queue.set_limit(connection, task, limit)
+
+        try:
+            await self.db.write(run)
+        except (SqlaQueueError, ValueError, TypeError) as exc:
+            return await self._refused(request, _Refused(400, str(exc)))
+        code = {"pause": "paused", "resume": "resumed"}.get(action)
+        if code is None:
+            code = "limit-set" if limit is not None else "limit-unset"
+        return RedirectResponse(self._path(request, "overview", {"done": code}), 303)
+
+    async def pause(self, request: Request) -> Response:
+        """Pause a task for every worker."""
+        return await self._task_action(request, "pause")
+
+    async def resume(self, request: Request) -> Response:
+        """Resume a paused task."""
+        return await self._task_action(request, "resume")
+
+    async def set_limit(self, request: Request) -> Response:
+        """Store a task's concurrency limit (the ``limit`` field), or remove it (empty)."""
+        return await self._task_action(request, "limit")

@@ -1,0 +1,138 @@
+"""Pause and rate limits, stored per task in ``task_controls`` and shared by every worker.
+
+A paused task is left out of the worker's claim (its ``tasks`` parameter); a rate-limited
+one is claimed by a claim of its own, under its control row's lock (see
+:func:`rate_lock_statement` and ``claim_statement(tables, rated=True)``). Neither touches
+the claim of the other tasks. Each builder has a ``TypedDict`` next to it naming its
+parameters (a unit test checks them against the compiled statement's bound names).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+from sqlalchemy import (
+    Boolean,
+    Double,
+    Integer,
+    Select,
+    Text,
+    any_,
+    bindparam,
+    func,
+    or_,
+    select,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, Insert, insert
+
+from sqla_queue.models.tables import QueueTables
+
+__all__ = [
+    "ControlledTasksParams",
+    "RateLockParams",
+    "SetPausedParams",
+    "SetRateParams",
+    "controlled_tasks_statement",
+    "rate_lock_statement",
+    "set_paused_statement",
+    "set_rate_statement",
+    "stored_controls_statement",
+]
+
+
+class ControlledTasksParams(TypedDict):
+    """Parameters of :func:`controlled_tasks_statement`."""
+
+    #: The worker's task names (``text[]``).
+    tasks: list[str]
+
+
+class RateLockParams(TypedDict):
+    """Parameters of :func:`rate_lock_statement`."""
+
+    #: The rate-limited task about to be claimed.
+    rate_task: str
+
+
+class SetPausedParams(TypedDict):
+    """Parameters of :func:`set_paused_statement`."""
+
+    task: str
+    paused: bool
+
+
+class SetRateParams(TypedDict):
+    """Parameters of :func:`set_rate_statement` (both ``None`` to remove the limit)."""
+
+    task: str
+    #: Most starts in any window of ``rate_seconds``.
+    rate_max: int | None
+    rate_seconds: float | None
+
+
+def controlled_tasks_statement(tables: QueueTables) -> Select[Any]:
+    """Which of ``tasks`` are paused or rate-limited: ``(task, paused, rated)`` rows.
+
+    Read by every worker's maintenance. Tasks without a control row, or whose row holds
+    neither, come back as nothing: they are claimed as before.
+    Parameters: :class:`ControlledTasksParams`.
+    """
+    c = tables.controls
+    return select(c.c.task, c.c.paused, c.c.rate_max.is_not(None).label("rated")).where(
+        c.c.task == any_(bindparam("tasks", type_=ARRAY(Text))),
+        or_(c.c.paused, c.c.rate_max.is_not(None)),
+    )
+
+
+def rate_lock_statement(tables: QueueTables) -> Select[Any]:
+    """Lock the control row of ``rate_task`` until the transaction ends.
+
+    It runs as a statement of its own before the rated claim: under READ COMMITTED the
+    claim then takes its snapshot after the lock was granted, so it sees every start that
+    the previous holder recorded and committed. In one statement, the snapshot would be
+    older than the lock. Parameters: :class:`RateLockParams`.
+    """
+    c = tables.controls
+    return (
+        select(c.c.task).where(c.c.task == bindparam("rate_task", type_=Text)).with_for_update(of=c)
+    )
+
+
+def set_paused_statement(tables: QueueTables) -> Insert:
+    """Pause or resume ``task``. Parameters: :class:`SetPausedParams`."""
+    c = tables.controls
+    stmt = insert(c).values(
+        task=bindparam("task", type_=Text), paused=bindparam("paused", type_=Boolean)
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[c.c.task], set_={"paused": stmt.excluded.paused, "updated_at": func.now()}
+    )
+
+
+def set_rate_statement(tables: QueueTables) -> Insert:
+    """Store or remove the rate limit of ``task``. Parameters: :class:`SetRateParams`."""
+    c = tables.controls
+    stmt = insert(c).values(
+        task=bindparam("task", type_=Text),
+        rate_max=bindparam("rate_max", type_=Integer),
+        rate_seconds=bindparam("rate_seconds", type_=Double),
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[c.c.task],
+        set_={
+            "rate_max": stmt.excluded.rate_max,
+            "rate_seconds": stmt.excluded.rate_seconds,
+            "updated_at": func.now(),
+        },
+    )
+
+
+def stored_controls_statement(tables: QueueTables) -> Select[Any]:
+    """Every control row that pauses or limits a task: ``(task, paused, rate_max,
+    rate_seconds, updated_at)``, by task. No parameters."""
+    c = tables.controls
+    return (
+        select(c.c.task, c.c.paused, c.c.rate_max, c.c.rate_seconds, c.c.updated_at)
+        .where(or_(c.c.paused, c.c.rate_max.is_not(None)))
+        .order_by(c.c.task)
+    )

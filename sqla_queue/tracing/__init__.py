@@ -1,0 +1,4 @@
+"""Tracing integrations. :mod:`sqla_queue.tracing.otel` needs the ``otel`` extra.
+
+Importing this package imports no tracing library.
+"""

@@ -1,0 +1,1 @@
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s::VARCHAR, 0)) AS locked

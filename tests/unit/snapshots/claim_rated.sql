@@ -1,0 +1,62 @@
+WITH RECURSIVE levels(task, priority) AS 
+(SELECT t.task AS task, (SELECT lv.priority 
+FROM app.q_job_executions AS lv 
+WHERE lv.task = t.task AND lv.state = 'pending' AND lv.slot IS NULL ORDER BY lv.priority DESC 
+ LIMIT 1) AS priority 
+FROM unnest(%(tasks)s::TEXT[]) AS t(task) UNION ALL SELECT l.task AS task, (SELECT lv.priority 
+FROM app.q_job_executions AS lv 
+WHERE lv.task = l.task AND lv.state = 'pending' AND lv.slot IS NULL AND lv.priority < l.priority ORDER BY lv.priority DESC 
+ LIMIT 1) AS anon_1 
+FROM levels AS l 
+WHERE l.priority IS NOT NULL), 
+gate AS MATERIALIZED 
+(SELECT clock.at AS at, ctl.rate_max AS rate_max, ctl.rate_seconds AS rate_seconds, CASE WHEN (ctl.rate_max IS NULL) THEN __[POSTCOMPILE_batch] ELSE greatest(ctl.rate_max - (SELECT count(*) AS count_1 
+FROM app.q_rate_starts 
+WHERE app.q_rate_starts.task = %(rate_task)s::VARCHAR AND app.q_rate_starts.started_at > clock.at - ctl.rate_seconds * interval '1 second'), %(greatest_1)s::INTEGER) END AS allowance, coalesce((SELECT min(app.q_rate_starts.started_at) AS min_1 
+FROM app.q_rate_starts 
+WHERE app.q_rate_starts.task = %(rate_task)s::VARCHAR AND app.q_rate_starts.started_at > clock.at - ctl.rate_seconds * interval '1 second'), clock.at) + ctl.rate_seconds * interval '1 second' AS free_at 
+FROM (SELECT clock_timestamp() AS at) AS clock LEFT OUTER JOIN (SELECT app.q_task_controls.rate_max AS rate_max, app.q_task_controls.rate_seconds AS rate_seconds 
+FROM app.q_task_controls 
+WHERE app.q_task_controls.task = %(rate_task)s::VARCHAR) AS ctl ON true), 
+candidates AS 
+(SELECT both_.id AS id 
+FROM (SELECT fresh.id AS id, fresh.task AS task, fresh.priority AS priority, fresh.execute_at AS execute_at, fresh.slot AS slot 
+FROM levels JOIN LATERAL (SELECT e.id AS id, e.task AS task, e.priority AS priority, e.execute_at AS execute_at, e.slot AS slot 
+FROM app.q_job_executions AS e 
+WHERE e.task = levels.task AND e.priority = levels.priority AND e.state = 'pending' AND e.slot IS NULL AND e.execute_at <= now() AND (e.queue_id IS NULL OR NOT (EXISTS (SELECT * 
+FROM app.q_job_executions AS r_key 
+WHERE r_key.queue_id = e.queue_id AND r_key.state = 'running')) AND NOT (EXISTS (SELECT * 
+FROM app.q_job_executions AS p 
+WHERE p.queue_id = e.queue_id AND (p.state = 'pending' OR p.state = 'running') AND (p.execute_at, p.id) < (e.execute_at, e.id)))) ORDER BY e.execute_at, e.id 
+ LIMIT __[POSTCOMPILE_batch] FOR NO KEY UPDATE OF e SKIP LOCKED) AS fresh ON true UNION ALL SELECT seated.id AS id, seated.task AS task, seated.priority AS priority, seated.execute_at AS execute_at, seated.slot AS slot 
+FROM unnest(%(tasks)s::TEXT[]) AS v(task) JOIN LATERAL (SELECT g.id AS id, g.task AS task, g.priority AS priority, g.execute_at AS execute_at, g.slot AS slot 
+FROM app.q_job_executions AS g 
+WHERE g.task = v.task AND g.state = 'pending' AND g.slot IS NOT NULL AND g.execute_at <= now() AND (g.queue_id IS NULL OR NOT (EXISTS (SELECT * 
+FROM app.q_job_executions AS r_key 
+WHERE r_key.queue_id = g.queue_id AND r_key.state = 'running')) AND NOT (EXISTS (SELECT * 
+FROM app.q_job_executions AS p 
+WHERE p.queue_id = g.queue_id AND (p.state = 'pending' OR p.state = 'running') AND (p.execute_at, p.id) < (g.execute_at, g.id)))) ORDER BY g.priority DESC, g.execute_at, g.id 
+ LIMIT __[POSTCOMPILE_batch] FOR NO KEY UPDATE OF g SKIP LOCKED) AS seated ON true) AS both_ ORDER BY both_.priority DESC, both_.execute_at, both_.id 
+ LIMIT least(__[POSTCOMPILE_batch], (SELECT gate.allowance 
+FROM gate))), 
+claimed AS 
+(UPDATE app.q_job_executions SET state='running', attempt=(app.q_job_executions.attempt + %(attempt_1)s::INTEGER), worker_id=%(worker)s::UUID, alive_at=now(), lease_seconds=coalesce(CAST(jsonb_extract_path_text(CAST(%(lease_map)s::VARCHAR AS JSONB), app.q_job_executions.task) AS DOUBLE PRECISION), %(lease)s) FROM candidates WHERE app.q_job_executions.id = candidates.id RETURNING app.q_job_executions.id, app.q_job_executions.attempt, app.q_job_executions.reclaims, app.q_job_executions.queue_id, app.q_job_executions.task, app.q_job_executions.execute_at), 
+recorded AS 
+(INSERT INTO app.q_rate_starts (task, started_at, job_id) SELECT claimed.task AS task, gate.at AS at, claimed.id AS id 
+FROM claimed JOIN gate ON true 
+WHERE gate.rate_max IS NOT NULL), 
+pruned AS 
+(DELETE FROM app.q_rate_starts WHERE app.q_rate_starts.task = %(rate_task)s::VARCHAR AND app.q_rate_starts.started_at < (SELECT (gate.at - coalesce(gate.rate_seconds, %(coalesce_1)s::INTEGER) * interval '1 second') - interval '60 seconds' AS anon_2 
+FROM gate)), 
+next_due AS 
+(SELECT CASE WHEN (min((SELECT n.execute_at 
+FROM app.q_job_executions AS n 
+WHERE n.task = levels.task AND n.priority = levels.priority AND n.state = 'pending' AND n.slot IS NULL AND n.execute_at > now() ORDER BY n.execute_at 
+ LIMIT 1)) > now() + interval '1 day') THEN now() + interval '1 day' ELSE min((SELECT n.execute_at 
+FROM app.q_job_executions AS n 
+WHERE n.task = levels.task AND n.priority = levels.priority AND n.state = 'pending' AND n.slot IS NULL AND n.execute_at > now() ORDER BY n.execute_at 
+ LIMIT 1)) END AS at 
+FROM levels 
+WHERE levels.priority IS NOT NULL)
+ SELECT next_due.at AS next_due, claimed.id, claimed.attempt, claimed.reclaims, claimed.queue_id, claimed.task, app.q_jobs.payload, app.q_jobs.max_attempts, claimed.execute_at, gate.allowance AS rate_allowance, CASE WHEN (gate.rate_max IS NULL) THEN NULL ELSE gate.free_at END AS rate_free_at 
+FROM next_due LEFT OUTER JOIN (claimed LEFT OUTER JOIN app.q_jobs ON app.q_jobs.id = claimed.id) ON true JOIN gate ON true

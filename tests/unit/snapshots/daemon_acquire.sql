@@ -1,0 +1,5 @@
+WITH free AS 
+(SELECT app.q_daemons.name AS name, app.q_daemons.instance AS instance, wanted.lease AS lease 
+FROM app.q_daemons JOIN (SELECT unnest(%(names)s::TEXT[]) AS name, unnest(%(counts)s::INTEGER[]) AS count, unnest(%(leases)s::DOUBLE PRECISION[]) AS lease) AS wanted ON app.q_daemons.name = wanted.name 
+WHERE app.q_daemons.instance < wanted.count AND (app.q_daemons.worker_id IS NULL OR app.q_daemons.lease_until IS NULL OR app.q_daemons.lease_until < now()) AND ((app.q_daemons.name, app.q_daemons.instance) NOT IN (SELECT unnest(%(busy_names)s::TEXT[]) AS unnest_1, unnest(%(busy_instances)s::INTEGER[]) AS unnest_2)) ORDER BY app.q_daemons.name, app.q_daemons.instance FOR UPDATE OF q_daemons SKIP LOCKED)
+ UPDATE app.q_daemons SET worker_id=%(worker)s::UUID, lease_until=(now() + free.lease * interval '1 second'), started_at=now(), updated_at=now() FROM free WHERE app.q_daemons.name = free.name AND app.q_daemons.instance = free.instance RETURNING app.q_daemons.name, app.q_daemons.instance, app.q_daemons.restarts

@@ -1,0 +1,1 @@
+UPDATE app.q_daemons SET restarts=(app.q_daemons.restarts + 1), last_error=%(error)s::VARCHAR, updated_at=now() WHERE app.q_daemons.name = %(daemon)s::VARCHAR AND app.q_daemons.instance = %(number)s::INTEGER AND app.q_daemons.worker_id = %(worker)s::UUID RETURNING app.q_daemons.restarts

@@ -1,0 +1,1 @@
+UPDATE app.q_daemons SET worker_id=NULL, lease_until=NULL, updated_at=now() WHERE app.q_daemons.worker_id = %(worker)s::UUID AND (app.q_daemons.name, app.q_daemons.instance) IN (SELECT unnest(%(names)s::TEXT[]) AS unnest_1, unnest(%(instances)s::INTEGER[]) AS unnest_2) RETURNING app.q_daemons.name, app.q_daemons.instance
