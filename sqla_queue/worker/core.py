@@ -227,7 +227,9 @@ class WorkerCore:
         """An enqueue notification arrived: poll at once (a rated task: once its window
         lets a start through)."""
         self._next_poll = 0.0
-        for task in self._rated_poll:
+        # A copy: the run loop's maintenance may add or drop rated tasks meanwhile (this
+        # runs on the listener's thread).
+        for task in list(self._rated_poll):
             self._rated_poll[task] = 0.0
         self._wake()
 
