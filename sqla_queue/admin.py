@@ -59,6 +59,7 @@ __all__ = [
     "check_job_ids",
     "check_limit",
     "failed_jobs",
+    "operator_write_refused",
     "prune",
     "requeue",
     "set_limit",
@@ -234,25 +235,39 @@ def set_limit(bind: SyncBind, tables: QueueTables, task: str, limit: int | None)
     except DBAPIError as exc:
         if sqlstate_of(exc) != INSUFFICIENT_PRIVILEGE:
             raise
-        raise _limits_write_refused(connection, tables, exc) from exc
+        raise operator_write_refused(
+            connection,
+            tables,
+            exc,
+            table=tables.limits.name,
+            privileges=ADMIN_LIMIT_PRIVILEGES,
+            doing="change a concurrency limit",
+            needs=f"Changing limits needs {', '.join(ADMIN_LIMIT_PRIVILEGES)} on the limits "
+            "table, beyond the application role's SELECT.",
+        ) from exc
 
 
-def _limits_write_refused(
-    connection: Connection, tables: QueueTables, exc: DBAPIError
+def operator_write_refused(
+    connection: Connection,
+    tables: QueueTables,
+    exc: DBAPIError,
+    *,
+    table: str,
+    privileges: tuple[str, ...],
+    doing: str,
+    needs: str,
 ) -> InsufficientPrivilegeError:
+    """The error for a write that only the operator role may make (``doing``), refused for
+    lack of ``privileges`` on ``table``: the cause, what is needed (``needs``), and the
+    ``GRANT`` statements that fix it."""
     schema = tables.schema or "<schema>"
-    lacking = [
-        RequiredPrivilege("table", tables.limits.name, privilege)
-        for privilege in ADMIN_LIMIT_PRIVILEGES
-    ]
+    lacking = [RequiredPrivilege("table", table, privilege) for privilege in privileges]
     role = connection.engine.url.username or "<role>"
     grants = " ".join(grant_statements(lacking, schema, role))
     cause = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
     return InsufficientPrivilegeError(
-        f"cannot change a concurrency limit: {cause}. Changing limits needs "
-        f"{', '.join(ADMIN_LIMIT_PRIVILEGES)} on the limits table, beyond the application "
-        f"role's SELECT. As the tables' owner, run: {grants} (the operator role in "
-        f"{GRANTS_GUIDE}).",
+        f"cannot {doing}: {cause}. {needs} As the tables' owner, run: {grants} (the operator "
+        f"role in {GRANTS_GUIDE}).",
         [need.describe(schema) for need in lacking],
     )
 

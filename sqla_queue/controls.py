@@ -18,11 +18,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from sqla_queue._sqlstate import INSUFFICIENT_PRIVILEGE, sqlstate_of
+from sqla_queue.admin import operator_write_refused
 from sqla_queue.core.times import check_seconds
-from sqla_queue.errors import InsufficientPrivilegeError
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.schema.manifest import RequiredPrivilege
-from sqla_queue.schema.verify import GRANTS_GUIDE, grant_statements
 from sqla_queue.spec import INT4_MAX
 from sqla_queue.statements.controls import (
     SetPausedParams,
@@ -143,24 +141,13 @@ def _write(
     except DBAPIError as exc:
         if sqlstate_of(exc) != INSUFFICIENT_PRIVILEGE:
             raise
-        raise _refused(connection, tables, exc, doing) from exc
-
-
-def _refused(
-    connection: Connection, tables: QueueTables, exc: DBAPIError, doing: str
-) -> InsufficientPrivilegeError:
-    schema = tables.schema or "<schema>"
-    lacking = [
-        RequiredPrivilege("table", tables.controls.name, privilege)
-        for privilege in CONTROL_PRIVILEGES
-    ]
-    role = connection.engine.url.username or "<role>"
-    grants = " ".join(grant_statements(lacking, schema, role))
-    cause = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
-    return InsufficientPrivilegeError(
-        f"cannot {doing}: {cause}. Pauses and rate limits are stored in the controls "
-        f"table, which needs {', '.join(CONTROL_PRIVILEGES)} beyond the application role's "
-        f"SELECT and UPDATE. As the tables' owner, run: {grants} (the operator role in "
-        f"{GRANTS_GUIDE}).",
-        [need.describe(schema) for need in lacking],
-    )
+        raise operator_write_refused(
+            connection,
+            tables,
+            exc,
+            table=tables.controls.name,
+            privileges=CONTROL_PRIVILEGES,
+            doing=doing,
+            needs="Pauses and rate limits are stored in the controls table, which needs "
+            f"{', '.join(CONTROL_PRIVILEGES)} beyond the application role's SELECT and UPDATE.",
+        ) from exc
