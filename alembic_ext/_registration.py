@@ -30,12 +30,22 @@ from alembic_ext.compare import compare_queues, hide_queue_tables
 from alembic_ext.ops import (
     CreateQueueOp,
     DropQueueOp,
+    PartitionHistoryOp,
+    UnpartitionHistoryOp,
     UpgradeQueueOp,
     run_create_queue,
     run_drop_queue,
+    run_partition_history,
+    run_unpartition_history,
     run_upgrade_queue,
 )
-from alembic_ext.render import render_create_queue, render_drop_queue, render_upgrade_queue
+from alembic_ext.render import (
+    render_create_queue,
+    render_drop_queue,
+    render_partition_history,
+    render_unpartition_history,
+    render_upgrade_queue,
+)
 
 __all__ = ["install", "is_installed", "uninstall"]
 
@@ -45,6 +55,13 @@ _OPERATIONS: tuple[
     ("create_queue", CreateQueueOp, run_create_queue, render_create_queue),
     ("drop_queue", DropQueueOp, run_drop_queue, render_drop_queue),
     ("upgrade_queue", UpgradeQueueOp, run_upgrade_queue, render_upgrade_queue),
+    ("partition_history", PartitionHistoryOp, run_partition_history, render_partition_history),
+    (
+        "unpartition_history",
+        UnpartitionHistoryOp,
+        run_unpartition_history,
+        render_unpartition_history,
+    ),
 )
 
 

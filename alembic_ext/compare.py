@@ -97,6 +97,8 @@ class QueueTarget:
     schema: str | None
     prefix: str
     version: int
+    #: The history layout the model declares (``Queue(history=...)``).
+    history: str = "plain"
 
     @property
     def tables(self) -> QueueTables:
@@ -113,6 +115,7 @@ class QueueTarget:
             workers=self.workers,
             schema=self.schema,
             prefix=self.prefix,
+            history=self.history,
         )
 
 
@@ -143,6 +146,7 @@ def _target(tables: QueueTables) -> QueueTarget:
         schema=tables.schema,
         prefix=tables.prefix,
         version=int(info.get("schema_version", versions.LATEST_VERSION)),
+        history=tables.history,
     )
 
 
@@ -180,6 +184,7 @@ def find_queues(metadata: MetaData | Sequence[MetaData] | None) -> list[QueueTar
                     workers=roles["workers"],
                     schema=schema,
                     prefix=prefix,
+                    history=str(roles["jobs"].info["sqla_queue"].get("history", "plain")),
                 )
             )
     return list(found.values())
@@ -206,7 +211,9 @@ def plan_queue_op(
                 stacklevel=2,
             )
             return None
-        return CreateQueueOp(target.schema, target.prefix, version=target.version)
+        return CreateQueueOp(
+            target.schema, target.prefix, version=target.version, history=target.history
+        )
     if db_version == 0:
         warnings.warn(
             f"sqla_queue tables {where} exist but carry no schema version comment; "
@@ -329,21 +336,43 @@ def _translate_map(autogen_context: AutogenContext) -> Mapping[Any, Any] | None:
     return found if isinstance(found, Mapping) else None
 
 
+class OwnedTables(set[TableKey]):
+    """The ``(schema, table)`` keys of the queues' tables, plus the partitions of a
+    partitioned history: any table of the queue's schema named ``<jobs table>_...``
+    (their names carry dates, so they are matched by prefix)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.partition_prefixes: set[TableKey] = set()
+
+    def __contains__(self, key: object) -> bool:
+        if super().__contains__(key):
+            return True
+        if not isinstance(key, tuple) or len(key) != 2 or not isinstance(key[1], str):
+            return False
+        return any(
+            key[0] == schema and key[1].startswith(prefix)
+            for schema, prefix in self.partition_prefixes
+        )
+
+
 def _owned_keys(
     targets: Sequence[QueueTarget],
     default_schema: str | None,
     translate_map: Mapping[Any, Any] | None = None,
-) -> set[TableKey]:
+) -> OwnedTables:
     """The ``(schema, table)`` keys of the queues' tables, as Alembic spells them.
 
     Under a ``schema_translate_map`` the metadata names a table by its schema as declared,
     and reflection by the schema it was translated to; both spellings belong to the queue.
     """
-    owned: set[TableKey] = set()
+    owned = OwnedTables()
     for target in targets:
         for where in {target.schema, translated_schema(target.schema, translate_map)}:
             schema = None if where == default_schema else where
             owned |= {(schema, t.name) for t in _queue_tables(target)}
+            if target.history == "partitioned":
+                owned.partition_prefixes.add((schema, f"{target.jobs.name}_"))
     return owned
 
 

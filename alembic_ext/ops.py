@@ -12,16 +12,22 @@ from typing import Any
 from alembic.operations import MigrateOperation, Operations
 
 from alembic_ext import versions
+from alembic_ext.versions.history import INTERVALS as HISTORY_INTERVALS
+from alembic_ext.versions.history import partition_statements, unpartition_statements
 from sqla_queue._identifiers import validate_prefix, validate_schema
 from sqla_queue.models.tables import DEFAULT_PREFIX, translated_schema
 
 __all__ = [
     "CreateQueueOp",
     "DropQueueOp",
+    "PartitionHistoryOp",
     "QueueOp",
+    "UnpartitionHistoryOp",
     "UpgradeQueueOp",
     "run_create_queue",
     "run_drop_queue",
+    "run_partition_history",
+    "run_unpartition_history",
     "run_upgrade_queue",
     "target_schema",
 ]
@@ -53,14 +59,15 @@ class QueueOp(MigrateOperation):
         return hash((type(self), self._key()))
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
+        shown = [n for n in self._fields if not (n == "history" and getattr(self, n) == "plain")]
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in shown)
         return f"{type(self).__name__}({fields})"
 
 
 class _AtVersionOp(QueueOp):
     """An operation on the queue's tables as they are at one frozen schema version."""
 
-    _fields = ("schema", "prefix", "version")
+    _fields: tuple[str, ...] = ("schema", "prefix", "version")
 
     def __init__(
         self, schema: str | None = None, prefix: str = DEFAULT_PREFIX, *, version: int
@@ -69,8 +76,27 @@ class _AtVersionOp(QueueOp):
         self.version = _check_version(version, "version")
 
 
+def _check_history(history: object) -> str:
+    if history not in ("plain", "partitioned"):
+        raise ValueError(f"history must be 'plain' or 'partitioned', got {history!r}")
+    return str(history)
+
+
 class CreateQueueOp(_AtVersionOp):
     """Create the queue's tables at one frozen schema version."""
+
+    _fields = ("schema", "prefix", "version", "history")
+
+    def __init__(
+        self,
+        schema: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        version: int,
+        history: str = "plain",
+    ) -> None:
+        super().__init__(schema, prefix, version=version)
+        self.history = _check_history(history)
 
     @classmethod
     def create_queue(
@@ -80,26 +106,44 @@ class CreateQueueOp(_AtVersionOp):
         prefix: str = DEFAULT_PREFIX,
         *,
         version: int,
+        history: str = "plain",
     ) -> None:
         """Create the sqla_queue tables, indexes and constraints of schema ``version``.
 
         ``version`` is required and frozen into the migration: the same migration creates the
         same schema with every later release of the library. A named ``schema`` is created
-        if it does not exist.
+        if it does not exist. ``history="partitioned"`` creates the jobs table partitioned
+        by status and finish time (``Queue(history="partitioned")``, see
+        :mod:`sqla_queue.history`), with daily partitions.
         """
-        operations.invoke(cls(schema, prefix, version=version))
+        operations.invoke(cls(schema, prefix, version=version, history=history))
 
     def reverse(self) -> DropQueueOp:
         """Dropping the queue at the same version."""
-        return DropQueueOp(self.schema, self.prefix, version=self.version)
+        return DropQueueOp(self.schema, self.prefix, version=self.version, history=self.history)
 
     def to_diff_tuple(self) -> tuple[Any, ...]:
-        """``("create_queue", schema, prefix, version)``, as ``compare_metadata`` lists it."""
-        return ("create_queue", self.schema, self.prefix, self.version)
+        """``("create_queue", schema, prefix, version)``, as ``compare_metadata`` lists it
+        (``history`` appended when partitioned)."""
+        base = ("create_queue", self.schema, self.prefix, self.version)
+        return base if self.history == "plain" else (*base, self.history)
 
 
 class DropQueueOp(_AtVersionOp):
     """Drop the queue's tables, as they are at one schema version."""
+
+    _fields = ("schema", "prefix", "version", "history")
+
+    def __init__(
+        self,
+        schema: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        version: int,
+        history: str = "plain",
+    ) -> None:
+        super().__init__(schema, prefix, version=version)
+        self.history = _check_history(history)
 
     @classmethod
     def drop_queue(
@@ -109,16 +153,18 @@ class DropQueueOp(_AtVersionOp):
         prefix: str = DEFAULT_PREFIX,
         *,
         version: int,
+        history: str = "plain",
     ) -> None:
         """Drop the sqla_queue tables of schema ``version``, with every job in them.
 
-        The schema itself is kept: it may hold other tables.
+        The schema itself is kept: it may hold other tables. A partitioned jobs table goes
+        with its partitions; ``history`` only says what the downgrade creates again.
         """
-        operations.invoke(cls(schema, prefix, version=version))
+        operations.invoke(cls(schema, prefix, version=version, history=history))
 
     def reverse(self) -> CreateQueueOp:
         """Creating the queue again at the same version (empty)."""
-        return CreateQueueOp(self.schema, self.prefix, version=self.version)
+        return CreateQueueOp(self.schema, self.prefix, version=self.version, history=self.history)
 
     def to_diff_tuple(self) -> tuple[Any, ...]:
         """``("drop_queue", schema, prefix, version)``."""
@@ -165,6 +211,78 @@ class UpgradeQueueOp(QueueOp):
         return ("upgrade_queue", self.schema, self.prefix, self.from_version, self.to_version)
 
 
+class PartitionHistoryOp(_AtVersionOp):
+    """Turn the queue's jobs table into the partitioned history layout, keeping its rows."""
+
+    _fields = ("schema", "prefix", "version", "interval")
+
+    def __init__(
+        self,
+        schema: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        version: int,
+        interval: str = "day",
+    ) -> None:
+        super().__init__(schema, prefix, version=version)
+        if interval not in HISTORY_INTERVALS:
+            raise ValueError(
+                f"interval must be one of {', '.join(HISTORY_INTERVALS)}, got {interval!r}"
+            )
+        self.interval = interval
+
+    @classmethod
+    def partition_history(
+        cls,
+        operations: Operations,
+        schema: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        version: int,
+        interval: str = "day",
+    ) -> None:
+        """Move the jobs of schema ``version`` into the partitioned history layout.
+
+        Every job is copied into the new table (finished ones land in the default
+        partitions; ``sqla-queue maintain --backfill`` moves them into time ranges), the job
+        ids carry on, and the old table's grants are given again. ``interval`` is the length
+        of a time partition: ``hour``, ``day``, ``week`` or ``month``.
+        """
+        operations.invoke(cls(schema, prefix, version=version, interval=interval))
+
+    def reverse(self) -> UnpartitionHistoryOp:
+        """Back to one plain jobs table."""
+        return UnpartitionHistoryOp(self.schema, self.prefix, version=self.version)
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        """``("partition_history", schema, prefix, version, interval)``."""
+        return ("partition_history", self.schema, self.prefix, self.version, self.interval)
+
+
+class UnpartitionHistoryOp(_AtVersionOp):
+    """Turn a partitioned jobs table back into one plain table, keeping its rows."""
+
+    @classmethod
+    def unpartition_history(
+        cls,
+        operations: Operations,
+        schema: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        version: int,
+    ) -> None:
+        """Copy every job of the partitioned layout into one plain jobs table."""
+        operations.invoke(cls(schema, prefix, version=version))
+
+    def reverse(self) -> PartitionHistoryOp:
+        """Partitioned again (daily)."""
+        return PartitionHistoryOp(self.schema, self.prefix, version=self.version)
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        """``("unpartition_history", schema, prefix, version)``."""
+        return ("unpartition_history", self.schema, self.prefix, self.version)
+
+
 def _execute_all(operations: Operations, statements: list[str]) -> None:
     for statement in statements:
         operations.execute(statement)
@@ -191,6 +309,8 @@ def run_create_queue(operations: Operations, operation: CreateQueueOp) -> None:
     """Implementation of :class:`CreateQueueOp`: frozen DDL only, so ``--sql`` works."""
     schema = target_schema(operations, operation.schema)
     statements = versions.create_statements(operation.version, schema, operation.prefix)
+    if operation.history == "partitioned":
+        statements += partition_statements(operation.version, schema, operation.prefix)
     _execute_all(operations, statements)
 
 
@@ -208,3 +328,18 @@ def run_upgrade_queue(operations: Operations, operation: UpgradeQueueOp) -> None
         operation.from_version, operation.to_version, schema, operation.prefix
     )
     _execute_all(operations, statements)
+
+
+def run_partition_history(operations: Operations, operation: PartitionHistoryOp) -> None:
+    """Implementation of :class:`PartitionHistoryOp`: frozen DDL only."""
+    schema = target_schema(operations, operation.schema)
+    _execute_all(
+        operations,
+        partition_statements(operation.version, schema, operation.prefix, operation.interval),
+    )
+
+
+def run_unpartition_history(operations: Operations, operation: UnpartitionHistoryOp) -> None:
+    """Implementation of :class:`UnpartitionHistoryOp`: frozen DDL only."""
+    schema = target_schema(operations, operation.schema)
+    _execute_all(operations, unpartition_statements(operation.version, schema, operation.prefix))

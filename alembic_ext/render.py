@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from alembic.autogenerate.api import AutogenContext
 
-from alembic_ext.ops import CreateQueueOp, DropQueueOp, UpgradeQueueOp
+from alembic_ext.ops import (
+    CreateQueueOp,
+    DropQueueOp,
+    PartitionHistoryOp,
+    QueueOp,
+    UnpartitionHistoryOp,
+    UpgradeQueueOp,
+)
 
 __all__ = [
     "IMPORT_LINE",
     "render_create_queue",
     "render_drop_queue",
+    "render_partition_history",
+    "render_unpartition_history",
     "render_upgrade_queue",
 ]
 
@@ -23,7 +32,7 @@ def _prefix(autogen_context: AutogenContext) -> str:
     return prefix if isinstance(prefix, str) else ""
 
 
-def _where(op: CreateQueueOp | DropQueueOp | UpgradeQueueOp) -> str:
+def _where(op: QueueOp) -> str:
     # Both are always written out: a migration must not depend on the library's defaults.
     return f"schema={op.schema!r}, prefix={op.prefix!r}"
 
@@ -31,13 +40,15 @@ def _where(op: CreateQueueOp | DropQueueOp | UpgradeQueueOp) -> str:
 def render_create_queue(autogen_context: AutogenContext, op: CreateQueueOp) -> str:
     """``op.create_queue(schema=..., prefix=..., version=N)``."""
     autogen_context.imports.add(IMPORT_LINE)
-    return f"{_prefix(autogen_context)}create_queue({_where(op)}, version={op.version!r})"
+    history = "" if op.history == "plain" else f", history={op.history!r}"
+    return f"{_prefix(autogen_context)}create_queue({_where(op)}, version={op.version!r}{history})"
 
 
 def render_drop_queue(autogen_context: AutogenContext, op: DropQueueOp) -> str:
     """``op.drop_queue(schema=..., prefix=..., version=N)``."""
     autogen_context.imports.add(IMPORT_LINE)
-    return f"{_prefix(autogen_context)}drop_queue({_where(op)}, version={op.version!r})"
+    history = "" if op.history == "plain" else f", history={op.history!r}"
+    return f"{_prefix(autogen_context)}drop_queue({_where(op)}, version={op.version!r}{history})"
 
 
 def render_upgrade_queue(autogen_context: AutogenContext, op: UpgradeQueueOp) -> str:
@@ -47,3 +58,18 @@ def render_upgrade_queue(autogen_context: AutogenContext, op: UpgradeQueueOp) ->
         f"{_prefix(autogen_context)}upgrade_queue(from_version={op.from_version!r}, "
         f"to_version={op.to_version!r}, {_where(op)})"
     )
+
+
+def render_partition_history(autogen_context: AutogenContext, op: PartitionHistoryOp) -> str:
+    """``op.partition_history(schema=..., prefix=..., version=N, interval=...)``."""
+    autogen_context.imports.add(IMPORT_LINE)
+    return (
+        f"{_prefix(autogen_context)}partition_history({_where(op)}, version={op.version!r}, "
+        f"interval={op.interval!r})"
+    )
+
+
+def render_unpartition_history(autogen_context: AutogenContext, op: UnpartitionHistoryOp) -> str:
+    """``op.unpartition_history(schema=..., prefix=..., version=N)``."""
+    autogen_context.imports.add(IMPORT_LINE)
+    return f"{_prefix(autogen_context)}unpartition_history({_where(op)}, version={op.version!r})"

@@ -123,10 +123,19 @@ def _stop_on_sigterm() -> threading.Event:
 # -- sqla_queue -------------------------------------------------------------------------------
 
 
+def _through_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``create_engine`` options of an engine through a pooler (``--through``).
+
+    PgBouncer before 1.21 in transaction mode keeps no prepared statement: psycopg's are
+    turned off. The worker then LISTENs on ``--dsn``, a direct connection.
+    """
+    return {"connect_args": {"prepare_threshold": None}} if args.through else {}
+
+
 def run_sqla_sync(args: argparse.Namespace) -> None:
     """The sync worker, built the way ``sqla-queue worker`` builds it."""
     target = app.quiet_queue if args.quiet else app.queue
-    engine = create_engine(args.url, pool_size=2)
+    engine = create_engine(args.through or args.url, pool_size=2, **_through_options(args))
     counts: Counter[str] = Counter()
     if args.trace_statements:
         trace_statements(engine, counts)
@@ -138,6 +147,7 @@ def run_sqla_sync(args: argparse.Namespace) -> None:
         tasks=[args.task],
         poll_interval=args.poll_interval,
         listen=not args.quiet,
+        listen_url=args.dsn if args.through else None,
     )
     _handshake()
     stats = worker.run(burst=args.role == "drain")
@@ -154,7 +164,9 @@ def run_sqla_async(args: argparse.Namespace) -> None:
     counts: Counter[str] = Counter()
 
     async def main() -> int:
-        engine = create_async_engine(args.url, pool_size=2)
+        engine = create_async_engine(
+            args.through or args.url, pool_size=2, **_through_options(args)
+        )
         if args.trace_statements:
             trace_statements(engine.sync_engine, counts)
         async with engine.connect() as conn:
@@ -165,6 +177,7 @@ def run_sqla_async(args: argparse.Namespace) -> None:
             tasks=[args.task],
             poll_interval=args.poll_interval,
             listen=not args.quiet,
+            listen_url=args.dsn if args.through else None,
         )
         _handshake()
         stats = await worker.run(burst=args.role == "drain")
@@ -347,6 +360,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--task", default=app.NOOP)
     parser.add_argument("--poll-interval", type=float, default=1.0)
     parser.add_argument("--quiet", action="store_true", help="no NOTIFY, no LISTEN")
+    parser.add_argument(
+        "--through",
+        default="",
+        help="sqla_queue workers: the engine's URL through a pooler in transaction mode "
+        "(PgBouncer) instead of --url; prepared statements off, LISTEN on --dsn",
+    )
     parser.add_argument("--limit", type=int, default=0, help="PgQueuer concurrency_limit")
     parser.add_argument(
         "--hot-task", default="", help="PgQueuer: a second entrypoint, one job at a time"

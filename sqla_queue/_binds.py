@@ -148,7 +148,9 @@ def run_flow(bind: AnyBind, flow: Flow[T]) -> T | Coroutine[Any, Any, T]:
                 rows = ()
                 continue
             statement, params = step
-            rows = connection.execute(statement, dict(params)).all()
+            result = connection.execute(statement, dict(params))
+            # A statement without rows (DDL, SET LOCAL) is sent back no rows.
+            rows = result.all() if result.returns_rows else ()
     except BaseException:
         if own:
             with contextlib.suppress(Exception):
@@ -178,7 +180,8 @@ async def _run_flow_async(bind: AsyncSession | AsyncConnection, flow: Flow[T]) -
                 rows = ()
                 continue
             statement, params = step
-            rows = (await connection.execute(statement, dict(params))).all()
+            result = await connection.execute(statement, dict(params))
+            rows = result.all() if result.returns_rows else ()
     except BaseException:
         if own:
             with contextlib.suppress(Exception):

@@ -12,6 +12,7 @@ from collections.abc import Collection
 __all__ = [
     "INSUFFICIENT_PRIVILEGE",
     "LOCK_NOT_AVAILABLE",
+    "SERIALIZATION_FAILURE",
     "UNIQUE_VIOLATION",
     "constraint_of",
     "is_unique_violation_of",
@@ -23,6 +24,8 @@ UNIQUE_VIOLATION = "23505"
 INSUFFICIENT_PRIVILEGE = "42501"
 #: ``lock_timeout`` ran out (or ``NOWAIT`` found the row locked).
 LOCK_NOT_AVAILABLE = "55P03"
+#: A row the statement waited for moved to another partition (or a serializable conflict).
+SERIALIZATION_FAILURE = "40001"
 
 
 def _chain(exc: BaseException) -> list[object]:

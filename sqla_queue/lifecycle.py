@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
-from sqla_queue._sqlstate import LOCK_NOT_AVAILABLE, sqlstate_of
+from sqla_queue._sqlstate import LOCK_NOT_AVAILABLE, SERIALIZATION_FAILURE, sqlstate_of
 from sqla_queue.admin import check_job_ids
 from sqla_queue.core.times import check_delay
 from sqla_queue.errors import (
@@ -271,6 +271,20 @@ def _listen_sql(tables: QueueTables) -> str:
     return f'LISTEN "{channel}"'
 
 
+def _moved_meanwhile(exc: DBAPIError) -> list[Any]:
+    """No rows, for the mark of an awaited job whose row moved to another partition.
+
+    On a partitioned history (:mod:`sqla_queue.history`) the completion that finishes a
+    job moves its row; an UPDATE that waited for that row then fails with a serialization
+    error instead of finding it finished. The mark is moot then, and the next read of the
+    job sees how it ended. Every other step of the flow reads (it never fails so), and any
+    other error is raised as it is.
+    """
+    if sqlstate_of(exc) != SERIALIZATION_FAILURE:
+        raise exc
+    return []
+
+
 def wait_sync(source: Any, tables: QueueTables, job_id: int, timeout: float | None) -> Any:
     """Drive :func:`result_flow` on a connection of ``source``'s engine, in AUTOCOMMIT."""
     engine = _sync_engine(source)
@@ -292,7 +306,10 @@ def wait_sync(source: Any, tables: QueueTables, job_id: int, timeout: float | No
                     reply = _notified_sync(driver, job_id, step.seconds, listening)
                 else:
                     statement, params = step
-                    reply = connection.execute(statement, params).all()
+                    try:
+                        reply = connection.execute(statement, params).all()
+                    except DBAPIError as exc:
+                        reply = _moved_meanwhile(exc)
         finally:
             if listening:
                 connection.exec_driver_sql("UNLISTEN *")
@@ -335,7 +352,10 @@ async def wait_async(source: Any, tables: QueueTables, job_id: int, timeout: flo
                     reply = await _notified_async(driver, job_id, step.seconds, listening)
                 else:
                     statement, params = step
-                    reply = (await connection.execute(statement, params)).all()
+                    try:
+                        reply = (await connection.execute(statement, params)).all()
+                    except DBAPIError as exc:
+                        reply = _moved_meanwhile(exc)
         finally:
             if listening:
                 await connection.exec_driver_sql("UNLISTEN *")

@@ -71,6 +71,10 @@ class TaskLimit:
         return self.stored if self.stored is not None else self.declared
 
 
+async def _jobs_of(report: Coroutine[Any, Any, Any]) -> int:
+    return int((await report).jobs)
+
+
 class Queue:
     """A job queue whose tables live in your application's own metadata.
 
@@ -92,6 +96,11 @@ class Queue:
         max_reclaims: how often a job may be lost before it is failed instead of rerun.
         max_attempts: default attempts per job (1: a failure is final).
         retry: default backoff between attempts.
+        history: where finished jobs are kept: ``"plain"`` (the default: one jobs table,
+            pruned by ``DELETE``) or ``"partitioned"`` (time partitions, created ahead by the
+            workers and pruned by dropping them; see :mod:`sqla_queue.history`). It must
+            match the database: ``op.create_queue(..., history="partitioned")`` or
+            ``op.partition_history(...)``.
     """
 
     def __init__(
@@ -106,6 +115,7 @@ class Queue:
         max_reclaims: int = 3,
         max_attempts: int = 1,
         retry: RetryPolicy | None = None,
+        history: str = "plain",
     ) -> None:
         if (base is None) == (metadata is None):
             raise TypeError("Queue() needs exactly one of a declarative base or metadata=")
@@ -135,7 +145,7 @@ class Queue:
         if not isinstance(notify, bool):
             raise TypeError(f"notify must be True or False, got {notify!r}")
         self.metadata: MetaData = metadata
-        self.tables = build_tables(metadata, schema=schema, prefix=prefix)
+        self.tables = build_tables(metadata, schema=schema, prefix=prefix, history=history)
         self.Job: type[Job]
         self.JobExecution: type[JobExecution]
         self.Job, self.JobExecution = map_classes(reg, self.tables)
@@ -796,10 +806,42 @@ class Queue:
         Succeeded and cancelled jobs are deleted; failed ones only with
         ``include_failed=True``, since they wait for inspection and requeue. A negative
         ``older_than`` raises :class:`ValueError` (it would delete every finished job).
+
+        On a queue with partitioned history (``Queue(history="partitioned")``) whole
+        partitions are dropped instead (:func:`sqla_queue.history.prune_history`): a job
+        may then outlive ``older_than`` by up to one partition interval.
         """
+        if self.tables.history == "partitioned":
+            from sqla_queue.history import prune_history
+
+            report = prune_history(
+                session, self.tables, older_than=older_than, include_failed=include_failed
+            )
+            if isinstance(report, Coroutine):
+                return _jobs_of(report)
+            return report.jobs
         return admin.prune(
             session, self.tables, older_than=older_than, include_failed=include_failed
         )
+
+    def maintain_history(self, session: Bind, *, ahead: int = 3, backfill: bool = False) -> Any:
+        """Create the partitions of finished jobs ahead of time (partitioned history only).
+
+        Workers do this in the background; ``sqla-queue maintain`` does it from cron or a
+        deploy step. Returns a :class:`~sqla_queue.history.MaintainReport` (a coroutine of
+        it for async sessions). See :func:`sqla_queue.history.maintain_history`.
+        """
+        from sqla_queue.history import maintain_history
+
+        return maintain_history(session, self.tables, ahead=ahead, backfill=backfill)
+
+    def history_partitions(self, session: Bind) -> Any:
+        """The partitions of finished jobs, oldest first (partitioned history only): a list
+        of :class:`~sqla_queue.history.HistoryPartition` (a coroutine of it for async
+        sessions)."""
+        from sqla_queue.history import history_partitions
+
+        return history_partitions(session, self.tables)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -1033,25 +1075,44 @@ class Queue:
             daemons=tuple(self._daemons.values()),
         )
 
-    def worker(self, session_factory: sessionmaker[Session], **settings: Any) -> Worker:
+    def worker(
+        self,
+        session_factory: sessionmaker[Session],
+        *,
+        read_session_factory: sessionmaker[Session] | None = None,
+        **settings: Any,
+    ) -> Worker:
         """A worker that runs handlers in threads, from the app's own ``sessionmaker``.
 
         See :class:`~sqla_queue.WorkerSettings` for the settings (``concurrency``,
-        ``batch_size``, ``tasks``, ``poll_interval``, ``shutdown_timeout``, ...).
+        ``batch_size``, ``tasks``, ``poll_interval``, ``shutdown_timeout``,
+        ``pool_size``, ...). ``read_session_factory``, a ``sessionmaker`` bound to a read
+        replica, gives handlers ``ctx.read_session`` (see
+        :attr:`~sqla_queue.worker.context.JobContext.read_session`); the worker itself
+        never uses it.
         """
         from sqla_queue.worker.settings import WorkerSettings
         from sqla_queue.worker.sync import Worker
 
         worker_settings = WorkerSettings(**settings)
-        return Worker(self.worker_plan(worker_settings.tasks), session_factory, worker_settings)
+        plan = self.worker_plan(worker_settings.tasks)
+        return Worker(plan, session_factory, worker_settings, read_session_factory)
 
     def async_worker(
-        self, session_factory: async_sessionmaker[AsyncSession], **settings: Any
+        self,
+        session_factory: async_sessionmaker[AsyncSession],
+        *,
+        read_session_factory: async_sessionmaker[AsyncSession] | None = None,
+        **settings: Any,
     ) -> AsyncWorker:
-        """An asyncio worker from the app's ``async_sessionmaker``; ``await worker.run()``."""
+        """An asyncio worker from the app's ``async_sessionmaker``; ``await worker.run()``.
+
+        Takes the settings of :meth:`worker`; ``read_session_factory`` is an
+        ``async_sessionmaker`` on a read replica, for handlers' ``ctx.read_session``.
+        """
         from sqla_queue.worker.aio import AsyncWorker
         from sqla_queue.worker.settings import WorkerSettings
 
         worker_settings = WorkerSettings(**settings)
         plan = self.worker_plan(worker_settings.tasks)
-        return AsyncWorker(plan, session_factory, worker_settings)
+        return AsyncWorker(plan, session_factory, worker_settings, read_session_factory)

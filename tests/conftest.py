@@ -8,7 +8,11 @@ schema; cloning it is much faster than running DDL per test.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
@@ -23,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqla_queue.testing.databases import DatabaseFactory, resolve_test_admin_url
 from tests.support.app import Base, queue
 from tests.support.grants import GuideRoles, grant_test_roles
+from tests.support.pgbouncer import ENGINE_OPTIONS, PgBouncer, pgbouncer_or_skip, through_pgbouncer
 
 #: xdist groups (``--dist loadgroup``, see pyproject.toml) keep the tests of one group in
 #: one test process, one after another: the acceptance tests below run several worker
@@ -47,6 +52,8 @@ _GROUPS = {
             "test_daemons_stress.py",
             "test_bounded_stress.py",
             "test_rate_limit_stress.py",
+            "test_history_stress.py",
+            "test_multihost.py",
         ),
         "processes",
     ),
@@ -65,6 +72,59 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         group = _GROUPS.get(item.path.name)
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+#: Tests of real components that CI installs (.ci/run): PgBouncer, a streaming replica and
+#: throwaway clusters, network namespaces, a headless browser. Elsewhere they skip, saying
+#: why; under CI (``CI=true``) a skip of theirs is a failure, so that CI is never where they
+#: quietly skip.
+_COMPONENT_MODULES = frozenset(
+    {
+        "test_multihost.py",
+        "test_replica.py",
+        "test_pgbouncer.py",
+        "test_dashboard_browser.py",
+    }
+)
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under CI, turn the skip of a component test into a failure that says why."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.skipped and _in_ci() and item.path.name in _COMPONENT_MODULES:
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI, where its component must be there: {report.longrepr}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    """Under CI, a component test module skipped as a whole fails its collection."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    name = getattr(collector, "path", None)
+    if report.skipped and _in_ci() and name is not None and name.name in _COMPONENT_MODULES:
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI, where its component must be there: {report.longrepr}"
+
+
+@pytest.fixture
+def server_tmp_path() -> Iterator[Path]:
+    """A fresh directory for a database server that runs as another OS user, removed after.
+
+    Not under ``tmp_path``: pytest keeps its ``pytest-of-<user>`` directory at mode 0700,
+    and puts it back so whenever a pytest starts (the suites that run a pytest of their
+    own), so a server user that could traverse it a moment ago no longer can.
+    """
+    path = Path(tempfile.mkdtemp(prefix="sqlaq-server-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _setup_template(engine: Engine) -> None:
@@ -148,11 +208,28 @@ def _grant_dml(db_url: str, roles: GuideRoles) -> str:
     )
 
 
+@pytest.fixture(scope="session")
+def pgbouncer(admin_url: str) -> Iterator[PgBouncer]:
+    """A PgBouncer in transaction mode in front of the test server (skips without one)."""
+    yield from pgbouncer_or_skip(admin_url)
+
+
 @pytest.fixture
-def engine(db_url: str, dml_role: GuideRoles | None) -> Iterator[Engine]:
+def through(request: pytest.FixtureRequest) -> PgBouncer | None:
+    """The PgBouncer the engines go through in a ``$SQLA_QUEUE_TEST_THROUGH`` run, else None."""
+    return request.getfixturevalue("pgbouncer") if through_pgbouncer() else None
+
+
+def _engine_url(url: str, through: PgBouncer | None) -> tuple[str, dict[str, Any]]:
+    """``url`` and ``create_engine`` options, through ``through`` if it is a PgBouncer."""
+    return (url, {}) if through is None else (through.url(url), dict(ENGINE_OPTIONS))
+
+
+@pytest.fixture
+def engine(db_url: str, dml_role: GuideRoles | None, through: PgBouncer | None) -> Iterator[Engine]:
     """An engine on this test's database (as the DML-only role in the least-privilege run)."""
-    url = _grant_dml(db_url, dml_role) if dml_role else db_url
-    eng = create_engine(url, pool_size=5, max_overflow=20)
+    url, options = _engine_url(_grant_dml(db_url, dml_role) if dml_role else db_url, through)
+    eng = create_engine(url, pool_size=5, max_overflow=20, **options)
     yield eng
     eng.dispose()
 
@@ -172,10 +249,12 @@ def SessionLocal(engine: Engine) -> sessionmaker[Session]:
 
 
 @pytest.fixture
-async def async_engine(db_url: str, dml_role: GuideRoles | None) -> AsyncIterator[AsyncEngine]:
+async def async_engine(
+    db_url: str, dml_role: GuideRoles | None, through: PgBouncer | None
+) -> AsyncIterator[AsyncEngine]:
     """An async engine on this test's database."""
-    url = _grant_dml(db_url, dml_role) if dml_role else db_url
-    eng = create_async_engine(url, pool_size=5)
+    url, options = _engine_url(_grant_dml(db_url, dml_role) if dml_role else db_url, through)
+    eng = create_async_engine(url, pool_size=5, **options)
     yield eng
     await eng.dispose()
 

@@ -16,6 +16,7 @@ import datetime as dt
 import json
 import logging
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -37,6 +38,9 @@ from sqla_queue.errors import (
 from sqla_queue.queue import Queue
 from sqla_queue.statements.lifecycle import CancelOutcome
 from sqla_queue.statements.listing import JOB_STATES
+
+#: Environment variable: the worker's ``--listen-url`` when the option is not given.
+LISTEN_URL_ENV = "SQLA_QUEUE_LISTEN_URL"
 
 __all__ = [
     "EXIT_CANCELLED",
@@ -283,6 +287,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--shutdown-timeout", type=_seconds(allow_zero=True), default=30.0, help="grace seconds"
     )
     worker.add_argument(
+        "--listen-url",
+        help="LISTEN for enqueues on this direct connection URL, e.g. when the database URL "
+        f"goes through PgBouncer in transaction mode (default: ${LISTEN_URL_ENV}, else the "
+        "database URL)",
+    )
+    worker.add_argument(
+        "--read-url",
+        help="database URL of a read replica: handlers get ctx.read_session on it "
+        "(default: none, and ctx.read_session raises)",
+    )
+    worker.add_argument(
+        "--pool-size",
+        type=_whole_number(1, 100, "--pool-size"),
+        default=3,
+        help="connections the worker keeps for its own statements, apart from the "
+        "handlers' (default 3)",
+    )
+    worker.add_argument(
+        "--no-listen",
+        dest="listen",
+        action="store_false",
+        default=None,
+        help="do not LISTEN for enqueues: poll every --poll-interval",
+    )
+    worker.add_argument(
         "--metrics-port",
         type=_whole_number(1, 65535, "--metrics-port"),
         help="serve Prometheus metrics at http://HOST:PORT/metrics (needs sqla-queue[prometheus])",
@@ -382,6 +411,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--older-than", type=parse_duration, required=True, help="age such as 7d, 12h, 30m, 90s"
     )
     prune.add_argument("--include-failed", action="store_true", help="failed jobs go too")
+    prune.add_argument(
+        "--detach",
+        action="store_true",
+        help="partitioned history: detach old partitions (kept as tables) instead of dropping",
+    )
 
     limits = sub.add_parser(
         "limits",
@@ -395,10 +429,12 @@ def build_parser() -> argparse.ArgumentParser:
     from sqla_queue.cli.controls import add_control_parsers
     from sqla_queue.cli.daemons import add_daemons_parser
     from sqla_queue.cli.dashboard import add_dashboard_parser
+    from sqla_queue.cli.history import add_maintain_parser
     from sqla_queue.cli.periodic import add_periodic_parser
     from sqla_queue.cli.status import add_status_parsers
 
     add_status_parsers(sub)
+    add_maintain_parser(sub)
     add_control_parsers(sub)
     add_periodic_parser(sub)
     add_daemons_parser(sub)
@@ -412,9 +448,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _pool_size(args: argparse.Namespace) -> int:
-    # The run loop, the heartbeater and one per handler (its ctx.session): a smaller pool
-    # would open and close a connection for nearly every job.
-    return int(args.concurrency) + 3
+    # One per handler (its ctx.session): a smaller pool would open and close a connection
+    # for nearly every job. The worker's own statements have a pool of their own
+    # (--pool-size, see sqla_queue/worker/pools.py).
+    return int(args.concurrency)
 
 
 def _target(args: argparse.Namespace) -> tuple[Queue, str]:
@@ -439,6 +476,9 @@ def _run_worker(args: argparse.Namespace) -> int:
         "poll_interval": args.poll_interval,
         "shutdown_timeout": args.shutdown_timeout,
         "tasks": args.tasks.split(",") if args.tasks else None,
+        "listen": args.listen,
+        "listen_url": args.listen_url or os.environ.get(LISTEN_URL_ENV) or None,
+        "pool_size": args.pool_size,
     }
     if args.metrics_port is not None:
         from sqla_queue.metrics.serve import serve_worker_metrics
@@ -448,12 +488,17 @@ def _run_worker(args: argparse.Namespace) -> int:
     if args.use_async:
         from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
+        engines = []
         try:
-            async_engine = create_async_engine(url, pool_size=_pool_size(args))
+            for engine_url in (url, args.read_url) if args.read_url else (url,):
+                engines.append(create_async_engine(engine_url, pool_size=_pool_size(args)))
         except (ArgumentError, InvalidRequestError, ImportError) as exc:
-            raise CliError(f"cannot use {shown_url(url)} with --async: {exc}") from None
+            raise CliError(f"cannot use {shown_url(engine_url)} with --async: {exc}") from None
+        read_factory = async_sessionmaker(engines[1]) if len(engines) > 1 else None
         try:
-            async_worker = queue.async_worker(async_sessionmaker(async_engine), **settings)
+            async_worker = queue.async_worker(
+                async_sessionmaker(engines[0]), read_session_factory=read_factory, **settings
+            )
         except (TypeError, ValueError) as exc:
             raise CliError(str(exc)) from None
 
@@ -461,21 +506,29 @@ def _run_worker(args: argparse.Namespace) -> int:
             try:
                 await async_worker.run(burst=args.burst)
             finally:
-                await async_engine.dispose()
+                for async_engine in engines:
+                    await async_engine.dispose()
 
         asyncio.run(run_async())
         return EXIT_OK
     from sqlalchemy.orm import sessionmaker
 
     engine = _engine(url, pool_size=_pool_size(args))
+    read_engine = _engine(args.read_url, pool_size=_pool_size(args)) if args.read_url else None
     try:
         try:
-            worker = queue.worker(sessionmaker(engine), **settings)
+            worker = queue.worker(
+                sessionmaker(engine),
+                read_session_factory=sessionmaker(read_engine) if read_engine else None,
+                **settings,
+            )
         except (TypeError, ValueError) as exc:
             raise CliError(str(exc)) from None
         worker.run(burst=args.burst)
     finally:
         engine.dispose()
+        if read_engine is not None:
+            read_engine.dispose()
     return EXIT_OK
 
 
@@ -547,9 +600,24 @@ def _prune(args: argparse.Namespace) -> int:
     engine = _engine(url)
     try:
         with engine.begin() as connection:
-            count = queue.prune(
-                connection, older_than=args.older_than, include_failed=args.include_failed
-            )
+            if args.detach:
+                from sqla_queue.history import prune_history
+
+                if queue.tables.history != "partitioned":
+                    raise CliError("--detach is for a queue with partitioned history")
+                report = prune_history(
+                    connection,
+                    queue.tables,
+                    older_than=args.older_than,
+                    include_failed=args.include_failed,
+                    detach=True,
+                )
+                count = report.jobs
+                print(f"detached {len(report.partitions)} partition(s): {list(report.partitions)}")
+            else:
+                count = queue.prune(
+                    connection, older_than=args.older_than, include_failed=args.include_failed
+                )
     finally:
         engine.dispose()
     print(f"pruned {count} finished job(s) older than {args.older_than}")
@@ -823,6 +891,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sqla_queue.cli.controls import run_pause, run_rate_limit, run_resume
     from sqla_queue.cli.daemons import run_daemons
     from sqla_queue.cli.dashboard import run_dashboard
+    from sqla_queue.cli.history import run_maintain
     from sqla_queue.cli.periodic import run_periodic
     from sqla_queue.cli.status import run_status, run_top
 
@@ -840,6 +909,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "resume": run_resume,
         "rate-limit": run_rate_limit,
         "periodic": run_periodic,
+        "maintain": run_maintain,
         "daemons": run_daemons,
         "dashboard": run_dashboard,
         "status": run_status,

@@ -53,10 +53,12 @@ from sqla_queue.models._storage import set_storage_parameters
 __all__ = [
     "DEFAULT_PREFIX",
     "SCHEMA_VERSION",
+    "HistoryLayout",
     "JobStatus",
     "QueueTables",
     "UniqueScope",
     "build_tables",
+    "check_history",
     "parse_schema_version_comment",
     "resolve_schema",
     "schema_version_comment",
@@ -83,6 +85,30 @@ class JobStatus:
     FAILED = "failed"
     CANCELLED = "cancelled"
     ALL = (QUEUED, SUCCEEDED, FAILED, CANCELLED)
+
+
+class HistoryLayout:
+    """Where finished jobs live: the values of ``Queue(history=...)``.
+
+    ``plain``: one ``jobs`` table holds every job, and ``prune`` deletes old rows.
+    ``partitioned``: ``jobs`` is partitioned by status; the queued jobs live in
+    ``jobs_live``, the finished ones in time-range partitions of ``jobs_done`` (succeeded
+    and cancelled) and ``jobs_failed``, and ``prune`` drops whole partitions
+    (see :mod:`sqla_queue.history`).
+    """
+
+    PLAIN = "plain"
+    PARTITIONED = "partitioned"
+    ALL = (PLAIN, PARTITIONED)
+
+
+def check_history(history: object) -> str:
+    """``history`` if it names a :class:`HistoryLayout`, else a ``ValueError`` listing them."""
+    if history not in HistoryLayout.ALL:
+        raise ValueError(
+            f"history must be one of {', '.join(map(repr, HistoryLayout.ALL))}, got {history!r}"
+        )
+    return str(history)
 
 
 class ExecutionState:
@@ -153,6 +179,8 @@ class QueueTables:
     workers: Table
     schema: str | None
     prefix: str
+    #: The :class:`HistoryLayout` of the jobs table.
+    history: str = HistoryLayout.PLAIN
 
     @property
     def all(self) -> tuple[Table, ...]:
@@ -224,8 +252,20 @@ def resolve_schema(metadata: MetaData, schema: str | None) -> str | None:
     return schema
 
 
+def _jobs_key(jobs_name: str, partitioned: bool) -> PrimaryKeyConstraint:
+    key = PrimaryKeyConstraint("id", name=conv(f"{jobs_name}_pkey"))
+    if partitioned:
+        # Kept in the model (the ORM maps by it), left out of CREATE TABLE.
+        key.ddl_if(callable_=lambda *args, **kw: False)
+    return key
+
+
 def build_tables(
-    metadata: MetaData, *, schema: str | None = None, prefix: str = DEFAULT_PREFIX
+    metadata: MetaData,
+    *,
+    schema: str | None = None,
+    prefix: str = DEFAULT_PREFIX,
+    history: str = HistoryLayout.PLAIN,
 ) -> QueueTables:
     """Create the queue's tables in ``metadata`` and return them.
 
@@ -233,9 +273,14 @@ def build_tables(
     else to the search path; :func:`resolve_schema` decides, and ``QueueTables.schema``
     records the result. Every constraint and index name goes through ``conv()`` so that the
     host's naming convention cannot rename objects that migrations and verification refer to.
+
+    With ``history="partitioned"`` the jobs table is created partitioned by status, its
+    partitions with it (:mod:`sqla_queue.history.layout`); the Core table is the same.
     """
     schema = resolve_schema(metadata, schema)
     prefix = validate_prefix(prefix)
+    history = check_history(history)
+    partitioned = history == HistoryLayout.PARTITIONED
     jobs_name = f"{prefix}jobs"
     exec_name = f"{prefix}job_executions"
 
@@ -269,10 +314,13 @@ def build_tables(
         CheckConstraint(f"status IN ({_in(JobStatus.ALL)})", name=conv(f"{jobs_name}_status_ck")),
         CheckConstraint("max_attempts >= 1", name=conv(f"{jobs_name}_max_attempts_ck")),
         # Named as PostgreSQL would, and protected from the host's naming convention, so
-        # create_all and the migration ops agree on it.
-        PrimaryKeyConstraint("id", name=conv(f"{jobs_name}_pkey")),
+        # create_all and the migration ops agree on it. A partitioned table cannot have it
+        # (its key would have to hold the partition key, and finished_at is nullable): the
+        # queued jobs' partition carries its own, and the identity keeps ids unique.
+        _jobs_key(jobs_name, partitioned),
         schema=schema,
         comment="sqla_queue: durable record of every job",
+        postgresql_partition_by="LIST (status)" if partitioned else None,
     )
     Index(
         conv(f"{jobs_name}_failed_ix"),
@@ -538,10 +586,20 @@ def build_tables(
         workers=workers,
         schema=schema,
         prefix=prefix,
+        history=history,
     )
+    if partitioned:
+        from sqla_queue.history.layout import attach_partition_ddl
+
+        attach_partition_ddl(tables)
     # Tooling (alembic_ext's comparator, verification) finds the queue's tables here
     # without importing the host's Queue object.
-    info = {"schema_version": SCHEMA_VERSION, "prefix": prefix, "schema": schema}
+    info = {
+        "schema_version": SCHEMA_VERSION,
+        "prefix": prefix,
+        "schema": schema,
+        "history": history,
+    }
     jobs.info["sqla_queue"] = {**info, "role": "jobs"}
     executions.info["sqla_queue"] = {**info, "role": "executions"}
     limits.info["sqla_queue"] = {**info, "role": "limits"}

@@ -22,7 +22,7 @@ from sqlalchemy import CheckConstraint, ForeignKeyConstraint, Index, PrimaryKeyC
 from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.schema import CreateIndex
 
-from sqla_queue.models.tables import QueueTables
+from sqla_queue.models.tables import HistoryLayout, QueueTables
 
 __all__ = [
     "ADMIN_LIMIT_PRIVILEGES",
@@ -136,11 +136,33 @@ def constraint_kind(contype: str) -> str:
     return _CONSTRAINT_KINDS.get(contype, contype)
 
 
+def _history_objects(tables: QueueTables) -> list[RequiredObject]:
+    """The partitioned history's own tables, in place of the jobs table's primary key.
+
+    A partitioned table has no primary key of its own (see ``build_tables``): the live
+    partition carries it. The time partitions come and go, and are not listed.
+    """
+    jobs = tables.jobs.name
+    live = f"{jobs}_live"
+    return [
+        RequiredObject("table", live, live),
+        RequiredObject("constraint", live, f"{live}_pkey", "primary key"),
+        RequiredObject("table", f"{jobs}_done", f"{jobs}_done"),
+        RequiredObject("table", f"{jobs}_failed", f"{jobs}_failed"),
+    ]
+
+
 def required_objects(tables: QueueTables) -> list[RequiredObject]:
     """Every table, column, index and named constraint the queue needs, sorted."""
     found: list[RequiredObject] = []
     for table in tables.all:
         found += _objects_of(table)
+    if tables.history == HistoryLayout.PARTITIONED:
+        jobs_key = next(
+            o for o in found if o.table == tables.jobs.name and o.shape == "primary key"
+        )
+        found.remove(jobs_key)
+        found += _history_objects(tables)
     return sorted(found)
 
 

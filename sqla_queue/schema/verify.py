@@ -164,7 +164,7 @@ def _found_shape(kind: str, detail: str | None) -> str:
 
 
 def _table_names(tables: QueueTables) -> list[str]:
-    return sorted({table.name for table in tables.all})
+    return sorted({obj.table for obj in required_objects(tables)})
 
 
 def inspect_schema(connection: Connection, tables: QueueTables) -> SchemaReport:

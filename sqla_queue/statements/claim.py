@@ -48,7 +48,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.statements._common import ONE, PENDING, RUNNING, seconds
+from sqla_queue.statements._common import ONE, PENDING, QUEUED, RUNNING, seconds
 
 __all__ = [
     "ClaimParams",
@@ -346,7 +346,10 @@ def claim_statement(
     ]
     # Outer: an execution whose job row was deleted by hand comes back with a NULL
     # payload, and the worker fails it, instead of holding it unseen until reclaimed.
-    source = next_due.outerjoin(claimed.outerjoin(jobs, jobs.c.id == claimed.c.id), true())
+    # The job of a claimed execution is queued: naming the status lets a partitioned jobs
+    # table (sqla_queue.history) be planned on its live partition alone.
+    job_row = and_(jobs.c.id == claimed.c.id, jobs.c.status == QUEUED)
+    source = next_due.outerjoin(claimed.outerjoin(jobs, job_row), true())
     if gate is None:
         return select(*columns).select_from(source)
     recorded, pruned = _rate_bookkeeping(tables, gate, claimed)

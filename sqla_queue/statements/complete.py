@@ -43,6 +43,7 @@ from sqla_queue.statements._common import (
     DONE,
     FAILED,
     PENDING,
+    QUEUED,
     SUCCEEDED,
     has_key,
     notify_waiters,
@@ -173,6 +174,9 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
         .where(
             jobs.c.id == outcome.c.id,
             jobs.c.id == applied.c.id,
+            # A running job is queued; named, it keeps a partitioned table's update on the
+            # live partition (the final status then moves the row to its time partition).
+            jobs.c.status == QUEUED,
             or_(kind.in_(_kinds(OutcomeKind.recorded())), applied.c.cancel),
         )
         .values(

@@ -129,7 +129,7 @@ def cancel_statement(tables: QueueTables) -> Select[Any]:
     removed = union_all(select(dropped.c.id), select(parked.c.id)).subquery("removed")
     cancelled = (
         update(jobs)
-        .where(jobs.c.id == removed.c.id)
+        .where(jobs.c.id == removed.c.id, jobs.c.status == QUEUED)
         .values(status=CANCELLED, finished_at=func.now())
         # A job someone waits for (queue.result) tells them at once, as a completion does.
         .returning(

@@ -20,7 +20,11 @@ from __future__ import annotations
 
 from sqlalchemy import TextClause, text
 
-__all__ = ["GUARDED_SETTINGS", "planner_guard"]
+__all__ = ["GUARDED_SETTINGS", "IDLE_IN_TRANSACTION", "planner_guard"]
+
+#: Longest idle time inside one of the worker's own transactions before the server ends
+#: the session (and releases its locks).
+IDLE_IN_TRANSACTION = "10s"
 
 #: The settings the guard applies, as (name, value); see the module docstring.
 GUARDED_SETTINGS: tuple[tuple[str, str], ...] = (
@@ -30,6 +34,12 @@ GUARDED_SETTINGS: tuple[tuple[str, str], ...] = (
     # Plans estimated from stale statistics can cross jit_above_cost; compiling a claim
     # takes longer than running it.
     ("jit", "off"),
+    # Not a planner setting, but a transaction's: a worker cut off from the server in the
+    # middle of one (a network partition between two round trips) leaves its rows locked,
+    # and the reclaim sweep skips locked rows, until the server notices the lost client
+    # (two hours with default TCP keepalives). The worker's own transactions are never
+    # idle for more than a moment, so the server may end one that is.
+    ("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION),
 )
 
 _GENERIC = (("plan_cache_mode", "force_generic_plan"),)

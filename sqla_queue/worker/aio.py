@@ -37,16 +37,24 @@ log = logging.getLogger("sqla_queue.worker")
 class AsyncWorker(WorkerBase):
     """Runs ``async def`` handlers as tasks in the running loop; ``def`` ones in threads.
 
-    Build it with :meth:`Queue.async_worker`; ``await worker.run()``.
+    Build it with :meth:`Queue.async_worker`; ``await worker.run()``. Its own statements
+    use a pool of its own (``WorkerSettings.pool_size``), apart from the handlers' pool:
+    one connection on the event loop for the run loop, derived from the session factory's
+    engine, and a synchronous pool for its heartbeater and services, which run in threads.
+    ``read_session_factory`` (an ``async_sessionmaker`` on a read replica) gives handlers
+    ``ctx.read_session``.
     """
+
+    asynchronous = True
 
     def __init__(
         self,
         plan: WorkerPlan,
         session_factory: async_sessionmaker[AsyncSession],
         settings: WorkerSettings,
+        read_session_factory: async_sessionmaker[AsyncSession] | None = None,
     ) -> None:
-        super().__init__(plan, session_factory, settings)
+        super().__init__(plan, session_factory, settings, read_session_factory)
         self.engine: AsyncEngine = bound_engine(session_factory)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._raw = raw_statements_for(
@@ -74,22 +82,26 @@ class AsyncWorker(WorkerBase):
             loop.call_soon_threadsafe(wake.set)
 
         core.set_waker(wake_up)
-        # Handlers go in first: a deploy's SIGTERM during start-up is a clean stop too.
-        with graceful_signals(
-            lambda: core.request_stop(time.monotonic()),
-            enabled=self.settings.install_signal_handlers,
-        ):
-            if self.settings.verify_schema:
-                await self._verify()
-            await self._loop(core, wake)
+        engine = AsyncEngine(self._own_engine(self.engine.sync_engine))
+        try:
+            # Handlers go in first: a deploy's SIGTERM during start-up is a clean stop too.
+            with graceful_signals(
+                lambda: core.request_stop(time.monotonic()),
+                enabled=self.settings.install_signal_handlers,
+            ):
+                if self.settings.verify_schema:
+                    await self._verify(engine)
+                await self._loop(core, wake, engine)
+        finally:
+            await engine.dispose()
         log.info("async worker %s stopped: %s", core.worker_id, core.stats)
         self._raise_if_stopped_by(core)
         return self._stats(core)
 
-    async def _verify(self) -> None:
+    async def _verify(self, engine: AsyncEngine) -> None:
         for attempt in itertools.count(1):
             try:
-                async with self.engine.connect() as check:
+                async with engine.connect() as check:
                     await check.run_sync(verify_schema, self.plan.tables)
                 return
             except DBAPIError as exc:
@@ -98,14 +110,12 @@ class AsyncWorker(WorkerBase):
                     raise
                 await asyncio.sleep(delay)
 
-    async def _loop(self, core: WorkerCore, wake: asyncio.Event) -> None:
+    async def _loop(self, core: WorkerCore, wake: asyncio.Event, engine: AsyncEngine) -> None:
         # Heartbeats run on a thread with a sync connection, immune to a blocked loop.
         heartbeat_engine = sync_engine_from_url(
-            self.engine.url, self.engine.get_execution_options()
+            engine.url, engine.get_execution_options(), pool_size=self._background_pool_size()
         )
-        pool, heartbeater, listener = self._start_background(
-            core, heartbeat_engine, self.engine.url
-        )
+        pool, heartbeater, listener = self._start_background(core, heartbeat_engine, engine.url)
         make_context = self._make_context(core)
         runner = self._runner(core)
         connection: AsyncConnection | None = None
@@ -123,7 +133,7 @@ class AsyncWorker(WorkerBase):
                 try:
                     if connection is None:
                         # Autocommit, each unit with its own BEGIN (see the sync face).
-                        connection = await self.engine.connect()
+                        connection = await engine.connect()
                         await connection.execution_options(isolation_level="AUTOCOMMIT")
                     await self._perform(connection, core, action, now, make_context, runner, pool)
                 except DBAPIError as exc:

@@ -32,14 +32,31 @@ def libpq_url(url: URL) -> str:
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def sync_engine_from_url(url: URL, execution_options: Mapping[str, Any] | None = None) -> Engine:
+def sync_engine_from_url(
+    url: URL, execution_options: Mapping[str, Any] | None = None, *, pool_size: int | None = None
+) -> Engine:
     """A small synchronous psycopg engine on the same database as ``url``.
 
-    An async worker's engine cannot be used from another thread; its heartbeater opens
-    its own single connection instead. ``execution_options`` are the async engine's, so a
-    ``schema_translate_map`` (a tenant's) holds for the heartbeats too.
+    An async worker's engine cannot be used from another thread; its heartbeater and
+    services use this one instead. ``execution_options`` are the async engine's, so a
+    ``schema_translate_map`` (a tenant's) holds for the heartbeats too. With ``pool_size``
+    it keeps that many connections open and opens (and closes) more when more threads need
+    one at once, never making one wait (see :mod:`sqla_queue.worker.pools`); without it,
+    it keeps none (``NullPool``).
+
+    Its connections never prepare statements (``prepare_threshold=None``): the async
+    engine's own connect arguments cannot be read back, and behind a pooler in transaction
+    mode a prepared heartbeat would fail on the next server connection. Heartbeats and the
+    services' statements run every few seconds, where preparing saves nothing measurable.
     """
-    engine = create_engine(url.set(drivername="postgresql+psycopg"), poolclass=NullPool)
+    sync_url = url.set(drivername="postgresql+psycopg")
+    no_prepare = {"prepare_threshold": None}
+    if pool_size is None:
+        engine = create_engine(sync_url, poolclass=NullPool, connect_args=no_prepare)
+    else:
+        engine = create_engine(
+            sync_url, pool_size=pool_size, max_overflow=-1, connect_args=no_prepare
+        )
     return engine.execution_options(**execution_options) if execution_options else engine
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, make_url
 
 from sqla_queue._sqlstate import is_unique_violation_of
 from sqla_queue.core.outcomes import ClaimedJob
@@ -18,10 +18,11 @@ from sqla_queue.worker.context import JobContext
 from sqla_queue.worker.core import ContextFactory, WorkerCore
 from sqla_queue.worker.handlers import HandlerPool, HandlerRunner, InTransaction
 from sqla_queue.worker.plan import WorkerPlan
+from sqla_queue.worker.pools import own_pool_engine, split_pool_size
 from sqla_queue.worker.services import ServiceEnv, WorkerService
 from sqla_queue.worker.settings import WorkerSettings
 
-__all__ = ["RunStats", "WorkerBase", "bound_engine"]
+__all__ = ["RunStats", "WorkerBase", "bound_engine", "check_read_session_factory"]
 
 log = logging.getLogger("sqla_queue.worker")
 
@@ -55,13 +56,58 @@ def bound_engine(session_factory: Any) -> Any:
     return bind
 
 
+def check_read_session_factory(factory: Any, *, asynchronous: bool) -> Any:
+    """``factory``, checked as a worker's ``read_session_factory``: None, or a callable
+    that makes sessions of the worker's kind (``Session`` for :class:`Worker`,
+    ``AsyncSession`` for :class:`AsyncWorker`).
+
+    Raises:
+        TypeError: if it is not callable, or a ``sessionmaker`` of the other kind.
+    """
+    if factory is None:
+        return None
+    if not callable(factory):
+        raise TypeError(
+            f"read_session_factory must be a session factory (a sessionmaker), got {factory!r}"
+        )
+    from sqlalchemy.ext.asyncio import async_sessionmaker
+    from sqlalchemy.orm import sessionmaker
+
+    if asynchronous and isinstance(factory, sessionmaker):
+        raise TypeError(
+            "an async worker's read_session_factory must make AsyncSessions: "
+            "pass an async_sessionmaker, not a sessionmaker"
+        )
+    if not asynchronous and isinstance(factory, async_sessionmaker):
+        raise TypeError(
+            "a sync worker's read_session_factory must make Sessions: "
+            "pass a sessionmaker, not an async_sessionmaker"
+        )
+    return factory
+
+
 class WorkerBase:
     """Setup and teardown common to :class:`Worker` and :class:`AsyncWorker`."""
 
-    def __init__(self, plan: WorkerPlan, session_factory: Any, settings: WorkerSettings) -> None:
+    #: True for the asyncio face (:class:`AsyncWorker`).
+    asynchronous = False
+
+    def __init__(
+        self,
+        plan: WorkerPlan,
+        session_factory: Any,
+        settings: WorkerSettings,
+        read_session_factory: Any = None,
+    ) -> None:
         self.plan = plan
         self.session_factory = session_factory
         self.settings = settings
+        #: Where handlers' ``ctx.read_session`` comes from (a read replica), or None.
+        self.read_session_factory = check_read_session_factory(
+            read_session_factory, asynchronous=self.asynchronous
+        )
+        #: The engine of the worker's own pool while ``run()`` runs (see worker/pools.py).
+        self.worker_engine: Any = None
         self.core: WorkerCore | None = None
         self._stop_before_start = False
         self._race_indexes = {str(ix.name) for ix in plan.tables.executions.indexes if ix.unique}
@@ -125,9 +171,25 @@ class WorkerBase:
                 worker_id=core.worker_id,
                 session_factory=self.session_factory,
                 stop_flag=core.stop_flag,
+                read_session_factory=self.read_session_factory,
             )
 
         return make
+
+    def _own_engine(self, engine: Engine) -> Engine:
+        """The run loop's engine: ``engine`` (the handlers') with a pool of the worker's own.
+
+        It keeps ``settings.pool_size`` connections in a sync worker, one in an async
+        worker, whose threads have another pool (see :mod:`sqla_queue.worker.pools`).
+        """
+        size, _ = split_pool_size(self.settings.pool_size, asynchronous=engine.dialect.is_async)
+        own = own_pool_engine(engine, size)
+        self.worker_engine = own
+        return own
+
+    def _background_pool_size(self) -> int:
+        """Connections the pool of an async worker's heartbeater and services keeps."""
+        return split_pool_size(self.settings.pool_size, asynchronous=True)[1]
 
     @staticmethod
     def _verify_retry_delay(exc: BaseException, attempt: int) -> float | None:
@@ -158,14 +220,19 @@ class WorkerBase:
             service.start()
         listener = None
         if core.listen:
-            listener = Listener(libpq_url(url), self.plan.tables.notify_channel, core.notified)
+            # settings.listen_url: a direct connection, when ``url`` goes through a pooler
+            # in transaction mode, where a LISTEN would hear nothing.
+            listen_url = make_url(self.settings.listen_url) if self.settings.listen_url else url
+            listener = Listener(
+                libpq_url(listen_url), self.plan.tables.notify_channel, core.notified
+            )
             listener.start()
         return pool, heartbeater, listener
 
     def _new_services(self, core: WorkerCore, engine: Engine) -> list[WorkerService]:
         """The background services of this worker: its entry in the workers registry, the
         scheduler of the queue's periodic jobs and the supervisor of its daemons (these two
-        only when there is something to run).
+        only when there is something to run), and the maintainer of a partitioned history.
 
         A burst run (``run(burst=True)``, a drain) starts none: it runs what is due.
         """
@@ -194,6 +261,10 @@ class WorkerBase:
             from sqla_queue.worker.daemons import DaemonSupervisor
 
             services.append(DaemonSupervisor(env, self.plan.daemons))
+        if self.plan.tables.history == "partitioned":
+            from sqla_queue.worker.history import HistoryMaintainer
+
+            services.append(HistoryMaintainer(env))
         return services
 
     def _stop_background(

@@ -18,8 +18,10 @@ class JobContext(Generic[S]):
 
     ``session`` opens a session from the worker's own factory on first use (a ``Session``
     in a sync worker, an ``AsyncSession`` in an async worker) and closes it after the
-    handler returns; commit what you want to keep. Jobs run at least once: a handler
-    whose worker dies mid-job runs again elsewhere, so make side effects idempotent.
+    handler returns; commit what you want to keep. ``read_session`` does the same from
+    the worker's ``read_session_factory``, a read replica's (see :attr:`read_session`).
+    Jobs run at least once: a handler whose worker dies mid-job runs again elsewhere, so
+    make side effects idempotent.
     """
 
     def __init__(
@@ -33,6 +35,7 @@ class JobContext(Generic[S]):
         worker_id: uuid.UUID,
         session_factory: Callable[[], S],
         stop_flag: threading.Event,
+        read_session_factory: Callable[[], S] | None = None,
     ) -> None:
         self.job_id = job_id
         self.task = task
@@ -42,6 +45,8 @@ class JobContext(Generic[S]):
         self.worker_id = worker_id
         self._session_factory = session_factory
         self._session: S | None = None
+        self._read_session_factory = read_session_factory
+        self._read_session: S | None = None
         self._stop_flag = stop_flag
         self._shutdown_event: asyncio.Event | None = None
         self._cancel_flag = threading.Event()
@@ -55,6 +60,32 @@ class JobContext(Generic[S]):
         if self._session is None:
             self._session = self._session_factory()
         return self._session
+
+    @property
+    def read_session(self) -> S:
+        """A session from the worker's ``read_session_factory``, opened on first use.
+
+        For reads a replica may serve: it lags the primary a little, so a row the job's own
+        transaction (or its enqueuer's, just before) wrote may not be there yet; read those
+        through :attr:`session`. It is closed after the handler returns, like
+        :attr:`session`, and the worker never uses it for the job's own bookkeeping (claim,
+        heartbeats, completion), which stays on the primary.
+
+        Raises:
+            RuntimeError: if the worker was built without ``read_session_factory``. There
+                is no silent fallback to the primary: a handler that asks for the replica
+                is not served by the primary unknowingly. Pass the primary's factory as
+                ``read_session_factory`` too to read it on purpose.
+        """
+        if self._read_session is None:
+            if self._read_session_factory is None:
+                raise RuntimeError(
+                    "ctx.read_session needs a read replica: build the worker with "
+                    "read_session_factory=... (queue.worker(SessionLocal, "
+                    "read_session_factory=ReplicaSession), or sqla-queue worker --read-url)"
+                )
+            self._read_session = self._read_session_factory()
+        return self._read_session
 
     @property
     def shutdown_requested(self) -> bool:
@@ -123,6 +154,13 @@ class JobContext(Generic[S]):
     def _take_session(self) -> S | None:
         session, self._session = self._session, None
         return session
+
+    def _take_sessions(self) -> list[S]:
+        """The sessions the handler opened (``session``, then ``read_session``), to close."""
+        opened = [self._take_session()]
+        read, self._read_session = self._read_session, None
+        opened.append(read)
+        return [session for session in opened if session is not None]
 
 
 def _set_in_owner_loop(event: asyncio.Event | None) -> None:

@@ -734,7 +734,7 @@ class WorkerCore:
         if fault is Fault.DATA and isinstance(action, Flush) and self._last_flush:
             self._isolate(exc, now)
             return 0.0
-        if fault in (Fault.DATA, Fault.PRIVILEGE, Fault.MISSING):
+        if fault in (Fault.DATA, Fault.PRIVILEGE, Fault.MISSING, Fault.POOLER):
             self.fail(WorkerStoppedError(explain(fault, exc, self.plan.tables, doing)), now)
             return 0.0
         self._errors_in_row += 1
@@ -842,7 +842,7 @@ class WorkerCore:
     def heartbeat_failed(self, exc: BaseException, now: float) -> None:
         """A heartbeat failed: stop when retrying cannot help, else the next beat retries."""
         fault = classify(exc, self._race_indexes)
-        if fault in (Fault.PRIVILEGE, Fault.MISSING):
+        if fault in (Fault.PRIVILEGE, Fault.MISSING, Fault.POOLER):
             self.fail(WorkerStoppedError(explain(fault, exc, self.plan.tables, "heartbeat")), now)
 
     # -- liveness ----------------------------------------------------------------------------

@@ -9,7 +9,12 @@ warning forever while the worker holds its jobs:
   names the object and the fix;
 * a data error or a constraint violation (classes 22 and 23, except a lost uniqueness
   race on the queue's own guard indexes): in a completion, the worker writes the outcomes
-  one by one to find the one at fault and fails that job alone; anywhere else it stops.
+  one by one to find the one at fault and fails that job alone; anywhere else it stops;
+* a prepared statement the server does not know, or knows already (26000, 42P05): the
+  driver prepared it on one server connection and a pooler in transaction mode (PgBouncer
+  before 1.21, or without ``max_prepared_statements``) sent the next run to another. The
+  worker stops with a :class:`WorkerStoppedError` that says how to turn the driver's
+  prepared statements off.
 
 The SQLSTATE is read through :mod:`sqla_queue._sqlstate`, driver-neutral. Nothing here
 does I/O.
@@ -28,6 +33,10 @@ __all__ = ["Fault", "classify", "database_message", "explain"]
 #: SQLSTATEs of a missing object: undefined table, column, function; invalid schema name.
 MISSING_OBJECT = frozenset({"42P01", "42703", "42883", "3F000"})
 INSUFFICIENT_PRIVILEGE = "42501"
+#: SQLSTATEs of a driver's prepared statement lost or duplicated by a transaction pooler:
+#: invalid SQL statement name ("prepared statement ... does not exist"), duplicate
+#: prepared statement. The worker prepares nothing by name itself.
+PREPARED_STATEMENT_LOST = frozenset({"26000", "42P05"})
 
 
 class Fault(enum.Enum):
@@ -43,6 +52,8 @@ class Fault(enum.Enum):
     PRIVILEGE = "privilege"
     #: A table, column, function or schema the worker needs does not exist.
     MISSING = "missing"
+    #: The driver's prepared statements do not survive the connection pooler in between.
+    POOLER = "pooler"
 
 
 def classify(exc: BaseException, race_indexes: Collection[str]) -> Fault:
@@ -56,6 +67,8 @@ def classify(exc: BaseException, race_indexes: Collection[str]) -> Fault:
         return Fault.PRIVILEGE
     if code in MISSING_OBJECT:
         return Fault.MISSING
+    if code in PREPARED_STATEMENT_LOST:
+        return Fault.POOLER
     if code.startswith(("22", "23")):
         return Fault.DATA
     return Fault.TRANSIENT
@@ -89,6 +102,15 @@ def explain(fault: Fault, exc: BaseException, tables: QueueTables, doing: str) -
             f"the worker stopped: a database object it needs is missing ({doing}: {reason}). "
             f"Create or upgrade the queue's tables ({names}) with `alembic upgrade head` "
             "(or Queue.create_all), then start the worker again."
+        )
+    if fault is Fault.POOLER:
+        return (
+            f"the worker stopped: a prepared statement of the driver was lost ({doing}: "
+            f"{reason}). The engine goes through a connection pooler in transaction mode "
+            "(PgBouncer) that does not keep prepared statements: turn them off in the "
+            'driver (psycopg: create_engine(url, connect_args={"prepare_threshold": None})) '
+            "or let the pooler keep them (PgBouncer 1.21 or later: max_prepared_statements). "
+            "See docs/guides/pgbouncer.md."
         )
     return (
         f"the worker stopped: {doing} failed with an error that retrying cannot fix "

@@ -592,8 +592,7 @@ def _roll_back_sync(session: Any, running: RunningJob) -> None:
 
 def _close_sync_session(running: RunningJob) -> None:
     ctx = running.context
-    session = ctx._take_session() if ctx is not None else None
-    if session is not None:
+    for session in ctx._take_sessions() if ctx is not None else ():
         try:
             session.close()
         except Exception:
@@ -606,8 +605,7 @@ def _close_sync_session(running: RunningJob) -> None:
 
 async def _close_async_session(running: RunningJob) -> None:
     ctx = running.context
-    session = ctx._take_session() if ctx is not None else None
-    if session is not None:
+    for session in ctx._take_sessions() if ctx is not None else ():
         try:
             result = session.close()
             if asyncio.iscoroutine(result):

@@ -19,6 +19,8 @@ MIN_INTERVAL = 0.01
 MAX_SECONDS = 86_400.0
 #: Longest ``ack_delay``, in seconds.
 MAX_ACK_DELAY = 60.0
+#: Most connections the worker's own pool may keep open (``pool_size``).
+MAX_POOL_SIZE = 100
 
 
 def _whole(name: str, value: object, *, low: int, high: int) -> None:
@@ -50,6 +52,15 @@ class WorkerSettings:
         shutdown_timeout: how long, after SIGTERM/SIGINT, running handlers may finish before
             their jobs are handed back to the queue (0 to a day).
         listen: LISTEN for enqueue notifications (default: the queue's ``notify``).
+            ``False``: the worker only polls, every ``poll_interval`` at most.
+        listen_url: where the worker LISTENs, a database URL of a direct connection to the
+            same database (default: the engine's own URL). Set it when the engine goes
+            through a pooler in transaction mode, such as PgBouncer: a LISTEN there lands on
+            a server connection the pooler hands to other clients, and the worker hears
+            nothing. The enqueues' NOTIFY works through the pooler (it is sent at commit),
+            so a worker listening on a direct connection wakes at once; without one, set
+            ``listen=False`` and the worker polls. Any driver name in the URL is ignored:
+            the listener is its own psycopg connection (see docs/guides/pgbouncer.md).
         heartbeat_interval: seconds between heartbeats (default: a quarter of the shortest
             lost interval of this worker's tasks).
         reclaim_interval: seconds between maintenance sweeps: lost jobs, re-reads of the
@@ -72,6 +83,17 @@ class WorkerSettings:
             claim of the next, with their BEGIN and COMMIT, then go to the server in one
             round trip (psycopg's pipeline mode). They bypass SQLAlchemy's engine events:
             turn it off if a tracer hooked on those events must see them.
+        pool_size: connections the worker keeps open for its own statements (claims, acks,
+            heartbeats, reclaims, its services), in a pool of its own apart from the one
+            the handlers' sessions use, so that a handler holding sessions never delays a
+            heartbeat (1 to 100; default 3: the run loop, the heartbeater, the services).
+            The pool is derived from the session factory's engine: same URL, connect
+            arguments, events and execution options. More connections are opened, and
+            closed again, when more of the worker's threads need one at once; none is
+            ever waited for. An async worker keeps one of them on its event loop for the
+            run loop and the rest in the synchronous pool of its heartbeater and services.
+            The LISTEN connection is apart from this pool (see
+            :mod:`sqla_queue.worker.pools`).
         install_signal_handlers: handle SIGINT/SIGTERM in ``run()`` (main thread only).
         observers: what hears each job attempt start and finish, and each lost job the
             worker reclaims (see :mod:`sqla_queue.instrumentation`): Prometheus metrics,
@@ -84,17 +106,20 @@ class WorkerSettings:
     poll_interval: float = 1.0
     shutdown_timeout: float = 30.0
     listen: bool | None = None
+    listen_url: str | None = None
     heartbeat_interval: float | None = None
     reclaim_interval: float | None = None
     ack_delay: float = 0.005
     verify_schema: bool = True
     generic_plans: bool = True
     raw_statements: bool = True
+    pool_size: int = 3
     install_signal_handlers: bool = True
     observers: Sequence[WorkerObserver] = ()
 
     def __post_init__(self) -> None:
         _whole("concurrency", self.concurrency, low=1, high=MAX_CONCURRENCY)
+        _whole("pool_size", self.pool_size, low=1, high=MAX_POOL_SIZE)
         if self.batch_size is not None:
             _whole("batch_size", self.batch_size, low=1, high=MAX_CONCURRENCY)
         if self.tasks is not None:
@@ -116,6 +141,13 @@ class WorkerSettings:
         _seconds("ack_delay", self.ack_delay, low=0.0, high=MAX_ACK_DELAY)
         if self.listen is not None and not isinstance(self.listen, bool):
             raise TypeError(f"listen must be True, False or None, got {self.listen!r}")
+        if self.listen_url is not None:
+            if not isinstance(self.listen_url, str):
+                raise TypeError(f"listen_url must be a str or None, got {self.listen_url!r}")
+            if "://" not in self.listen_url:
+                raise ValueError(
+                    f"listen_url must be a database URL (postgresql://...), got {self.listen_url!r}"
+                )
         for name in ("verify_schema", "generic_plans", "raw_statements", "install_signal_handlers"):
             value = getattr(self, name)
             if not isinstance(value, bool):

@@ -37,14 +37,20 @@ class Worker(WorkerBase):
     """Runs jobs with ``def`` handlers in threads and ``async def`` ones on a private loop.
 
     Build it with :meth:`Queue.worker`; call :meth:`run`. Claims, acks and reclaims go
-    through one connection of the session factory's engine; heartbeats and LISTEN each
-    have their own.
+    through one connection, heartbeats and services through others, all of the worker's
+    own pool (``WorkerSettings.pool_size``), derived from the session factory's engine but
+    apart from the handlers' pool; LISTEN has its own connection. ``read_session_factory``
+    (a ``sessionmaker`` on a read replica) gives handlers ``ctx.read_session``.
     """
 
     def __init__(
-        self, plan: WorkerPlan, session_factory: sessionmaker[Session], settings: WorkerSettings
+        self,
+        plan: WorkerPlan,
+        session_factory: sessionmaker[Session],
+        settings: WorkerSettings,
+        read_session_factory: sessionmaker[Session] | None = None,
     ) -> None:
-        super().__init__(plan, session_factory, settings)
+        super().__init__(plan, session_factory, settings, read_session_factory)
         self.engine: Engine = bound_engine(session_factory)
         self._wake = threading.Event()
         self._raw = raw_statements_for(
@@ -65,22 +71,26 @@ class Worker(WorkerBase):
         """
         core = self._new_core(burst)
         core.set_waker(self._wake.set)
-        # Handlers go in first: a deploy's SIGTERM during start-up is a clean stop too.
-        with graceful_signals(
-            lambda: core.request_stop(time.monotonic()),
-            enabled=self.settings.install_signal_handlers,
-        ):
-            if self.settings.verify_schema:
-                self._verify()
-            self._loop(core)
+        engine = self._own_engine(self.engine)
+        try:
+            # Handlers go in first: a deploy's SIGTERM during start-up is a clean stop too.
+            with graceful_signals(
+                lambda: core.request_stop(time.monotonic()),
+                enabled=self.settings.install_signal_handlers,
+            ):
+                if self.settings.verify_schema:
+                    self._verify(engine)
+                self._loop(core, engine)
+        finally:
+            engine.dispose()
         log.info("worker %s stopped: %s", core.worker_id, core.stats)
         self._raise_if_stopped_by(core)
         return self._stats(core)
 
-    def _verify(self) -> None:
+    def _verify(self, engine: Engine) -> None:
         for attempt in itertools.count(1):
             try:
-                with self.engine.connect() as check:
+                with engine.connect() as check:
                     verify_schema(check, self.plan.tables)
                 return
             except DBAPIError as exc:
@@ -89,9 +99,9 @@ class Worker(WorkerBase):
                     raise
                 time.sleep(delay)
 
-    def _loop(self, core: WorkerCore) -> None:
+    def _loop(self, core: WorkerCore, engine: Engine) -> None:
         wake = self._wake
-        pool, heartbeater, listener = self._start_background(core, self.engine, self.engine.url)
+        pool, heartbeater, listener = self._start_background(core, engine, engine.url)
         private_loop = PrivateLoop() if self.plan.has_async else None
         make_context = self._make_context(core)
         runner = self._runner(core)
@@ -111,7 +121,7 @@ class Worker(WorkerBase):
                     if connection is None:
                         # Autocommit: each unit sends its own BEGIN and COMMIT, in the
                         # same round trip as its statements where libpq pipelines.
-                        connection = self.engine.connect().execution_options(
+                        connection = engine.connect().execution_options(
                             isolation_level="AUTOCOMMIT"
                         )
                     self._perform(

@@ -114,8 +114,8 @@ def test_demo_refuses_to_drop_a_schema_it_did_not_create(empty_db_url: str) -> N
 @pytest.mark.skipif(
     importlib.util.find_spec("pgserver") is None, reason="pgserver (the embedded server) missing"
 )
-def test_demo_without_a_url_starts_an_embedded_server(tmp_path: Path) -> None:
-    data_dir = tmp_path / "pgdata"
+def test_demo_without_a_url_starts_an_embedded_server(server_tmp_path: Path) -> None:
+    data_dir = server_tmp_path / "pgdata"
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     # Its own data directory, so parallel runs never share (and reset) one demo schema.
     env["SQLA_QUEUE_PGDATA"] = str(data_dir)

@@ -22,8 +22,8 @@ def _select_one(url: str) -> object:
         engine.dispose()
 
 
-def test_embedded_server_starts_answers_and_stops(tmp_path: Path) -> None:
-    data_dir = tmp_path / "pgdata"
+def test_embedded_server_starts_answers_and_stops(server_tmp_path: Path) -> None:
+    data_dir = server_tmp_path / "pgdata"
     server = start_embedded_postgres(data_dir)
     try:
         assert server.url.startswith("postgresql+psycopg://")
@@ -37,8 +37,8 @@ def test_embedded_server_starts_answers_and_stops(tmp_path: Path) -> None:
     server.stop()  # idempotent
 
 
-def test_embedded_server_restarts_on_an_existing_data_dir(tmp_path: Path) -> None:
-    data_dir = tmp_path / "pgdata"
+def test_embedded_server_restarts_on_an_existing_data_dir(server_tmp_path: Path) -> None:
+    data_dir = server_tmp_path / "pgdata"
     with start_embedded_postgres(data_dir) as first:
         engine = create_engine(first.url, poolclass=NullPool)
         try:
@@ -58,8 +58,8 @@ def test_embedded_server_restarts_on_an_existing_data_dir(tmp_path: Path) -> Non
     assert found is not None
 
 
-def test_embedded_server_does_not_listen_on_tcp(tmp_path: Path) -> None:
-    with start_embedded_postgres(tmp_path / "pgdata") as server:
+def test_embedded_server_does_not_listen_on_tcp(server_tmp_path: Path) -> None:
+    with start_embedded_postgres(server_tmp_path / "pgdata") as server:
         engine = create_engine(server.url, poolclass=NullPool)
         try:
             with engine.connect() as conn:

@@ -129,6 +129,7 @@ LIMITED = "tests.support.limited:queue"
         (["worker", TARGET, "--concurrency", "0"], r"--concurrency must be a whole number from 1"),
         (["worker", TARGET, "--batch-size", "-3"], r"--batch-size must be a whole number from 1"),
         (["worker", TARGET, "--poll-interval", "nan"], r"finite number of seconds"),
+        (["worker", TARGET, "--listen-url", "db.internal"], r"listen_url must be a database URL"),
         (["--log-level", "NOPE", "verify", TARGET], r"unknown log level 'NOPE'"),
         (["failed", TARGET, "--limit", "-1"], r"--limit must be a whole number from 1"),
         (

@@ -143,3 +143,25 @@ def test_heartbeat_of_a_reclaimed_execution_changes_nothing(
         assert connection.execute(
             stale, {"worker": new, "ids": [job_id], "attempts": [2]}
         ).all() == [(job_id, False)]
+
+
+def test_a_worker_transaction_left_idle_is_ended_by_the_server(engine: Engine) -> None:
+    """The guard that opens every worker transaction also sets
+    ``idle_in_transaction_session_timeout``: a worker cut off between two round trips of a
+    transaction does not hold its rows locked (out of the reclaim sweep's reach) until the
+    server notices the lost client. Outside the transaction the setting is the server's."""
+    from sqlalchemy import text
+
+    from sqla_queue.statements import planner_guard
+    from sqla_queue.statements.planner import IDLE_IN_TRANSACTION
+
+    show = text("SHOW idle_in_transaction_session_timeout")
+    with engine.connect() as connection:
+        outside = connection.scalar(show)
+        connection.commit()
+        connection.execute(planner_guard())
+        inside = connection.scalar(show)
+        connection.commit()
+        after = connection.scalar(show)
+    assert inside == IDLE_IN_TRANSACTION
+    assert outside == after != inside

@@ -544,6 +544,8 @@ def test_a_worker_whose_table_is_gone_stops_and_names_the_fix(
         ({"tasks": []}, "tasks"),
         ({"tasks": [1]}, "tasks"),
         ({"listen": "yes"}, "listen"),
+        ({"listen_url": "db.internal"}, "listen_url"),
+        ({"listen_url": 5432}, "listen_url"),
         ({"verify_schema": 0}, "verify_schema"),
     ],
 )

@@ -16,14 +16,27 @@ from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
 
 import alembic_ext
-from alembic_ext import CreateQueueOp, DropQueueOp, UpgradeQueueOp, versions
+from alembic_ext import (
+    CreateQueueOp,
+    DropQueueOp,
+    PartitionHistoryOp,
+    UnpartitionHistoryOp,
+    UpgradeQueueOp,
+    versions,
+)
 from alembic_ext._registration import _hook_slots
 from alembic_ext.versions import UnknownSchemaVersionError, v1_to_v2
 from sqla_queue.errors import InvalidIdentifierError
 
 pytestmark = pytest.mark.unit
 
-OPERATION_NAMES = ("create_queue", "drop_queue", "upgrade_queue")
+OPERATION_NAMES = (
+    "create_queue",
+    "drop_queue",
+    "upgrade_queue",
+    "partition_history",
+    "unpartition_history",
+)
 
 
 def offline_operations() -> tuple[Operations, io.StringIO]:
@@ -163,6 +176,37 @@ def test_each_op_reverses_into_its_counterpart() -> None:
     assert upgrade.to_diff_tuple() == ("upgrade_queue", "work", "q_", 1, 3)
     assert repr(create) == "CreateQueueOp(schema='work', prefix='q_', version=1)"
     assert len({create, CreateQueueOp("work", "q_", version=1)}) == 1
+
+
+def test_history_ops_reverse_into_each_other_and_keep_the_layout() -> None:
+    create = CreateQueueOp("work", "q_", version=5, history="partitioned")
+    assert create.reverse() == DropQueueOp("work", "q_", version=5, history="partitioned")
+    assert create.reverse().reverse() == create
+    assert create != CreateQueueOp("work", "q_", version=5)
+    assert create.to_diff_tuple() == ("create_queue", "work", "q_", 5, "partitioned")
+    assert repr(create) == (
+        "CreateQueueOp(schema='work', prefix='q_', version=5, history='partitioned')"
+    )
+    partition = PartitionHistoryOp("work", "q_", version=5, interval="hour")
+    assert partition.reverse() == UnpartitionHistoryOp("work", "q_", version=5)
+    assert partition.to_diff_tuple() == ("partition_history", "work", "q_", 5, "hour")
+    with pytest.raises(ValueError, match="interval must be one of"):
+        PartitionHistoryOp("work", "q_", version=5, interval="fortnight")
+    with pytest.raises(ValueError, match="history must be"):
+        CreateQueueOp("work", "q_", version=5, history="sideways")
+
+
+def test_partitioned_history_is_frozen_for_version_5_only() -> None:
+    from alembic_ext.versions.history import partition_statements
+
+    with pytest.raises(ValueError, match="frozen for schema version"):
+        partition_statements(4, None, "q_")
+    with pytest.raises(ValueError, match="interval must be one of"):
+        partition_statements(5, None, "q_", "fortnight")
+    statements = partition_statements(5, "user", "q_")
+    assert statements[0] == 'ALTER TABLE "user".q_jobs RENAME TO q_jobs_old'
+    assert any(s.endswith("PARTITION BY LIST (status)") for s in statements)
+    assert statements[-1] == 'DROP TABLE "user".q_jobs_old'
 
 
 def test_identifiers_in_the_frozen_sql_are_quoted_by_postgresql_rules() -> None:

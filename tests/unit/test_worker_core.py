@@ -384,6 +384,9 @@ def test_a_stand_in_the_database_refuses_too_stops_the_worker(queue: WorkerPlan)
         ("42501", "lacks a privilege"),
         ("42P01", "alembic upgrade head"),
         ("22008", "retrying cannot fix"),
+        # A driver's prepared statement lost behind PgBouncer in transaction mode.
+        ("26000", "prepare_threshold"),
+        ("42P05", "max_prepared_statements"),
     ],
 )
 def test_an_error_retrying_cannot_fix_stops_the_worker_with_the_fix(

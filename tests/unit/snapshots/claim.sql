@@ -42,4 +42,4 @@ WHERE p.queue_id = g.queue_id AND (p.state = 'pending' OR p.state = 'running') A
 claimed AS 
 (UPDATE app.q_job_executions SET state='running', attempt=(app.q_job_executions.attempt + %(attempt_1)s::INTEGER), worker_id=%(worker)s::UUID, alive_at=now(), lease_seconds=coalesce(CAST(jsonb_extract_path_text(CAST(%(lease_map)s::VARCHAR AS JSONB), app.q_job_executions.task) AS DOUBLE PRECISION), %(lease)s) FROM candidates WHERE app.q_job_executions.id = candidates.id RETURNING app.q_job_executions.id, app.q_job_executions.attempt, app.q_job_executions.reclaims, app.q_job_executions.queue_id, app.q_job_executions.task, app.q_job_executions.execute_at)
  SELECT next_due.at AS next_due, claimed.id, claimed.attempt, claimed.reclaims, claimed.queue_id, claimed.task, app.q_jobs.payload, app.q_jobs.max_attempts, claimed.execute_at 
-FROM next_due LEFT OUTER JOIN (claimed LEFT OUTER JOIN app.q_jobs ON app.q_jobs.id = claimed.id) ON true
+FROM next_due LEFT OUTER JOIN (claimed LEFT OUTER JOIN app.q_jobs ON app.q_jobs.id = claimed.id AND app.q_jobs.status = 'queued') ON true

@@ -90,4 +90,4 @@ WHERE n.task = levels.task AND n.priority = levels.priority AND n.state = 'pendi
 FROM levels 
 WHERE levels.priority IS NOT NULL)
  SELECT next_due.at AS next_due, claimed.id, claimed.attempt, claimed.reclaims, claimed.queue_id, claimed.task, app.q_jobs.payload, app.q_jobs.max_attempts, claimed.execute_at, gate.allowance AS rate_allowance, CASE WHEN (gate.rate_max IS NULL) THEN NULL ELSE gate.free_at END AS rate_free_at 
-FROM next_due LEFT OUTER JOIN (claimed LEFT OUTER JOIN app.q_jobs ON app.q_jobs.id = claimed.id) ON true JOIN gate ON true
+FROM next_due LEFT OUTER JOIN (claimed LEFT OUTER JOIN app.q_jobs ON app.q_jobs.id = claimed.id AND app.q_jobs.status = 'queued') ON true JOIN gate ON true

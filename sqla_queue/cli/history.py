@@ -1,0 +1,99 @@
+"""``sqla-queue maintain``: create the partitions of a partitioned history ahead of time,
+and list them (see :mod:`sqla_queue.history`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["MAINTAIN_HELP", "add_maintain_parser", "run_maintain"]
+
+MAINTAIN_HELP = """\
+Create the partitions of finished jobs for the current interval and the next few, moving
+into them any finished job that waits in a default partition, then list the partitions.
+Workers do this in the background when their role owns the jobs table; with least-privilege
+roles, run it as the migration role from cron or a deploy step, more often than the
+interval (hourly for daily partitions). Only for Queue(history="partitioned").
+
+exit status:
+  0  the partitions exist
+  1  the database could not be reached or refused the command
+  2  a usage error, or a queue whose history is not partitioned (nothing was done)"""
+
+
+def add_maintain_parser(sub: argparse._SubParsersAction[Any]) -> None:
+    """Add the ``maintain`` sub-command to the ``sqla-queue`` parser's sub-parsers."""
+    from sqla_queue.cli.main import _add_json, _add_target, _whole_number
+
+    maintain = sub.add_parser(
+        "maintain",
+        help="create history partitions ahead of time (partitioned history)",
+        description=MAINTAIN_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_target(maintain)
+    maintain.add_argument(
+        "--ahead",
+        type=_whole_number(0, 1000, "a number of intervals"),
+        default=3,
+        help="intervals to prepare past the current one (default 3)",
+    )
+    maintain.add_argument(
+        "--backfill",
+        action="store_true",
+        help="also create past partitions for the jobs of the default partitions (at most "
+        "400 per run: run again until nothing is created)",
+    )
+    _add_json(maintain)
+
+
+def run_maintain(args: argparse.Namespace) -> int:
+    """Run ``sqla-queue maintain``: create the partitions, print what was done and the list."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from sqla_queue.cli.loading import CliError
+    from sqla_queue.cli.main import EXIT_OK, _engine, _print_json, _target
+    from sqla_queue.history import history_partitions, maintain_history
+
+    queue, url = _target(args)
+    if queue.tables.history != "partitioned":
+        raise CliError(
+            "this queue's history is not partitioned (Queue(history='plain')): nothing to "
+            "maintain; `sqla-queue prune` deletes old jobs"
+        )
+    engine = _engine(url)
+    try:
+        with engine.begin() as connection:
+            report = maintain_history(
+                connection, queue.tables, ahead=args.ahead, backfill=args.backfill
+            )
+            partitions = history_partitions(connection, queue.tables)
+    finally:
+        engine.dispose()
+    if args.json:
+        _print_json(
+            {
+                "created": list(report.created),
+                "moved": report.moved,
+                "partitions": [
+                    {
+                        "branch": p.branch,
+                        "name": p.name,
+                        "from": p.lower.isoformat() if p.lower else None,
+                        "to": p.upper.isoformat() if p.upper else None,
+                    }
+                    for p in partitions
+                ],
+            }
+        )
+        return EXIT_OK
+    console = Console()
+    console.print(
+        f"created {len(report.created)} partition(s), moved {report.moved} job(s) into them"
+    )
+    table = Table("branch", "partition", "from", "to")
+    for p in partitions:
+        table.add_row(p.branch, p.name, str(p.lower or "default"), str(p.upper or ""))
+    console.print(table)
+    return EXIT_OK

@@ -1,0 +1,177 @@
+"""History by time partitions: keep finished jobs in partitions, prune by dropping them.
+
+Opt in with ``Queue(history="partitioned")`` and create the queue with
+``op.create_queue(..., history="partitioned")`` (or convert an existing one with
+``op.partition_history(...)``). Then:
+
+* :func:`maintain_history` creates each interval's partitions ahead of time. Every worker
+  does it in the background (the ``history`` service), and so does ``sqla-queue maintain``;
+  it needs to own the jobs table (the migration role) to do so.
+* :func:`prune_history` drops (or detaches, for archiving) whole partitions of finished
+  jobs older than an age: a catalog change, whatever the partition holds, instead of a
+  DELETE of every row. ``queue.prune`` does this on a partitioned queue.
+* :func:`history_partitions` lists them.
+
+Each function joins the caller's transaction on a ``Session``, ``Connection`` or their
+async twins (a coroutine is returned for the async ones); nothing here commits.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Coroutine
+from typing import Any, overload
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+
+from sqla_queue._binds import AnyBind, run_flow
+from sqla_queue.history.layout import DEFAULT_INTERVAL, INTERVALS, history_names
+from sqla_queue.history.partitions import (
+    HistoryPartition,
+    MaintainReport,
+    PruneReport,
+    ensure_flow,
+    list_flow,
+    prune_flow,
+)
+from sqla_queue.models.tables import HistoryLayout, QueueTables
+
+__all__ = [
+    "DEFAULT_AHEAD",
+    "DEFAULT_INTERVAL",
+    "INTERVALS",
+    "HistoryPartition",
+    "MaintainReport",
+    "PruneReport",
+    "history_partitions",
+    "maintain_history",
+    "prune_history",
+]
+
+#: How many intervals past the current one :func:`maintain_history` prepares by default.
+DEFAULT_AHEAD = 3
+#: Most intervals a call may prepare ahead.
+MAX_AHEAD = 1000
+
+
+def _require_partitioned(tables: QueueTables) -> None:
+    if tables.history != HistoryLayout.PARTITIONED:
+        raise ValueError(
+            "this queue keeps its history in one table (Queue(history='plain')): there are "
+            "no partitions. Declare Queue(..., history='partitioned') and migrate with "
+            "op.partition_history() to use them; queue.prune deletes old rows meanwhile"
+        )
+
+
+def _check_ahead(ahead: object) -> int:
+    if not isinstance(ahead, int) or isinstance(ahead, bool) or not 0 <= ahead <= MAX_AHEAD:
+        raise ValueError(f"ahead must be a whole number from 0 to {MAX_AHEAD}, got {ahead!r}")
+    return ahead
+
+
+@overload
+def maintain_history(
+    bind: Session | Connection, tables: QueueTables, *, ahead: int = ..., backfill: bool = ...
+) -> MaintainReport: ...
+
+
+@overload
+def maintain_history(
+    bind: AsyncSession | AsyncConnection,
+    tables: QueueTables,
+    *,
+    ahead: int = ...,
+    backfill: bool = ...,
+) -> Coroutine[Any, Any, MaintainReport]: ...
+
+
+def maintain_history(
+    bind: AnyBind,
+    tables: QueueTables,
+    *,
+    ahead: int = DEFAULT_AHEAD,
+    backfill: bool = False,
+) -> MaintainReport | Coroutine[Any, Any, MaintainReport]:
+    """Create the history partitions of the current interval and of ``ahead`` more.
+
+    Finished jobs waiting in a default partition for a range move into the partition
+    created for it. ``backfill=True`` also creates the partitions of past intervals that the
+    default partitions still hold jobs of (after a conversion of an existing history, say),
+    at most 400 per branch per call. Runs in the caller's transaction: commit it.
+    """
+    _require_partitioned(tables)
+    flow = ensure_flow(tables, history_names(tables), ahead=_check_ahead(ahead), backfill=backfill)
+    return run_flow(bind, flow)
+
+
+@overload
+def prune_history(
+    bind: Session | Connection,
+    tables: QueueTables,
+    *,
+    older_than: dt.timedelta,
+    include_failed: bool = ...,
+    detach: bool = ...,
+) -> PruneReport: ...
+
+
+@overload
+def prune_history(
+    bind: AsyncSession | AsyncConnection,
+    tables: QueueTables,
+    *,
+    older_than: dt.timedelta,
+    include_failed: bool = ...,
+    detach: bool = ...,
+) -> Coroutine[Any, Any, PruneReport]: ...
+
+
+def prune_history(
+    bind: AnyBind,
+    tables: QueueTables,
+    *,
+    older_than: dt.timedelta,
+    include_failed: bool = False,
+    detach: bool = False,
+) -> PruneReport | Coroutine[Any, Any, PruneReport]:
+    """Drop the partitions whose whole range finished at least ``older_than`` ago.
+
+    Failed jobs' partitions go only with ``include_failed``. ``detach=True`` detaches them
+    instead: each stays a table of its own, out of the queue, to archive and drop. A job
+    may outlive ``older_than`` by up to one interval, since a partition goes whole; jobs
+    in the default partitions are deleted row by row. A negative age raises
+    :class:`ValueError`.
+    """
+    from sqla_queue.admin import check_age
+
+    _require_partitioned(tables)
+    flow = prune_flow(
+        tables,
+        history_names(tables),
+        older_than=check_age(older_than),
+        include_failed=bool(include_failed),
+        detach=bool(detach),
+    )
+    return run_flow(bind, flow)
+
+
+@overload
+def history_partitions(
+    bind: Session | Connection, tables: QueueTables
+) -> list[HistoryPartition]: ...
+
+
+@overload
+def history_partitions(
+    bind: AsyncSession | AsyncConnection, tables: QueueTables
+) -> Coroutine[Any, Any, list[HistoryPartition]]: ...
+
+
+def history_partitions(
+    bind: AnyBind, tables: QueueTables
+) -> list[HistoryPartition] | Coroutine[Any, Any, list[HistoryPartition]]:
+    """Every partition of finished jobs, oldest first within each branch."""
+    _require_partitioned(tables)
+    return run_flow(bind, list_flow(history_names(tables)))

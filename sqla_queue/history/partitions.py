@@ -1,0 +1,322 @@
+"""Creating time partitions ahead, and pruning history by dropping them.
+
+Each operation is a :data:`~sqla_queue._binds.Flow`: it yields its statements and reads
+their rows, so one body serves sync and async callers (:func:`~sqla_queue._binds.run_flow`)
+and joins the caller's transaction. Its DDL waits at most :data:`LOCK_TIMEOUT` for a lock
+(``SET LOCAL lock_timeout``): a partition's DDL locks the branch it changes, and must never
+queue the workers' completions behind an analytics query that holds it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Double, bindparam, text
+from sqlalchemy.sql import Executable
+
+from sqla_queue._binds import Flow
+from sqla_queue.history.layout import (
+    HistoryNames,
+    floor_to_interval,
+    next_boundary,
+    parse_interval_comment,
+    partition_name,
+)
+from sqla_queue.models.tables import QueueTables
+
+__all__ = [
+    "LOCK_TIMEOUT",
+    "HistoryPartition",
+    "MaintainReport",
+    "PruneReport",
+    "ensure_flow",
+    "list_flow",
+    "prune_flow",
+]
+
+#: Longest wait, in seconds, of one partition statement for its lock.
+LOCK_TIMEOUT = 5.0
+#: At most this many partitions are created per branch in one call (a backfill of years of
+#: hourly history goes in several runs, each one short).
+MAX_CREATED = 400
+
+_BOUND = re.compile(r"FROM \('([^']+)'\) TO \('([^']+)'\)")
+
+# Every partition of the two range branches, with its bounds as text and its parent's
+# comment (which records the interval); the default partitions have bound 'DEFAULT'.
+_CATALOG = text(
+    """
+    SELECT parent.relname AS branch, child.relname AS name,
+           pg_catalog.pg_get_expr(child.relpartbound, child.oid) AS bound,
+           pg_catalog.obj_description(parent.oid, 'pg_class') AS comment
+    FROM pg_catalog.pg_inherits i
+    JOIN pg_catalog.pg_class parent ON parent.oid = i.inhparent
+    JOIN pg_catalog.pg_class child ON child.oid = i.inhrelid
+    WHERE i.inhparent IN (to_regclass(:done), to_regclass(:failed))
+    ORDER BY 1, 2
+    """
+)
+
+
+@dataclass(frozen=True)
+class HistoryPartition:
+    """One partition of finished jobs: its branch (``..._done`` or ``..._failed``), its
+    name and its range; ``lower`` and ``upper`` are ``None`` for a default partition."""
+
+    branch: str
+    name: str
+    lower: dt.datetime | None
+    upper: dt.datetime | None
+
+    @property
+    def is_default(self) -> bool:
+        """Whether this is the branch's default partition (finished jobs out of range)."""
+        return self.lower is None
+
+
+@dataclass(frozen=True)
+class MaintainReport:
+    """What :func:`ensure_flow` did: the partitions it created and the rows it moved into
+    them from the default partitions."""
+
+    created: tuple[str, ...]
+    moved: int
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """What :func:`prune_flow` did: the partitions dropped or detached, and the jobs gone
+    with them (those of the default partitions included)."""
+
+    partitions: tuple[str, ...]
+    jobs: int
+    detached: bool
+
+
+def _timestamp(spelling: str) -> dt.datetime:
+    # pg_get_expr writes the bound in the session's TimeZone, with its offset.
+    return dt.datetime.fromisoformat(spelling)
+
+
+def _parse(rows: Iterable[Any]) -> tuple[dict[str, str], list[HistoryPartition]]:
+    intervals: dict[str, str] = {}
+    found: list[HistoryPartition] = []
+    for row in rows:
+        branch, name, bound, comment = (str(row[0]), str(row[1]), row[2], row[3])
+        intervals[branch] = parse_interval_comment(comment)
+        match = _BOUND.search(bound or "")
+        if match:
+            lower, upper = _timestamp(match.group(1)), _timestamp(match.group(2))
+            found.append(HistoryPartition(branch, name, lower, upper))
+        else:
+            found.append(HistoryPartition(branch, name, None, None))
+    return intervals, found
+
+
+def _catalog(names: HistoryNames) -> tuple[Executable, dict[str, object]]:
+    return _CATALOG, {"done": names.qualified(names.done), "failed": names.qualified(names.failed)}
+
+
+def list_flow(names: HistoryNames) -> Flow[list[HistoryPartition]]:
+    """Every partition of the history, oldest first within each branch."""
+    _, found = _parse((yield _catalog(names)))
+    earliest = dt.datetime.min.replace(tzinfo=dt.UTC)
+    return sorted(found, key=lambda p: (p.branch, p.lower is not None, p.lower or earliest))
+
+
+def _serialize(names: HistoryNames, *, wait: bool) -> tuple[Executable, dict[str, object]]:
+    """The transaction lock that keeps two maintenances or prunes of one queue apart.
+
+    Without it, two workers creating the same partition collide on its name, and a prune
+    dropping partitions (which locks the branch) beside a maintenance moving rows out of
+    the default partition (which locks that partition first) wait for each other.
+    """
+    function = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
+    return (
+        text(f"SELECT {function}(hashtext(:key))" + ("" if wait else " AS got")),
+        {"key": f"sqla_queue history {names.qualified(names.jobs)}"},
+    )
+
+
+def _lock_timeout() -> tuple[Executable, dict[str, object]]:
+    return text(f"SET LOCAL lock_timeout = '{int(LOCK_TIMEOUT * 1000)}ms'"), {}
+
+
+def _columns(tables: QueueTables) -> str:
+    return ", ".join(f'"{c.name}"' for c in tables.jobs.columns)
+
+
+def ensure_flow(
+    tables: QueueTables,
+    names: HistoryNames,
+    *,
+    ahead: int,
+    backfill: bool = False,
+    now: dt.datetime | None = None,
+) -> Flow[MaintainReport]:
+    """Create each branch's partitions from the current interval to ``ahead`` more.
+
+    Finished jobs that a new partition's range covers and that wait in the branch's default
+    partition (completed while no partition covered them) move into it first: PostgreSQL
+    refuses to attach a range that rows of the default partition fall into. With
+    ``backfill``, the partitions also reach back to the oldest job of the default
+    partition, so that history written before the layout existed can be dropped by
+    partition too. While another transaction maintains the same queue's partitions, this
+    one does nothing and reports so (nothing created, nothing moved).
+    """
+    yield _lock_timeout()
+    ((got,),) = yield _serialize(names, wait=False)
+    if not got:
+        # Another worker maintains the partitions right now: nothing is left to do here.
+        return MaintainReport((), 0)
+    if now is None:
+        ((now,),) = yield text("SELECT now()"), {}
+    assert now is not None
+    intervals, existing = _parse((yield _catalog(names)))
+    created: list[str] = []
+    moved = 0
+    columns = _columns(tables)
+    for branch, _statuses in names.branches:
+        interval = intervals.get(branch)
+        if interval is None:
+            raise LookupError(
+                f"{names.qualified(branch)} is not a partitioned history table: is the "
+                "queue's history partitioned (op.create_queue(..., history='partitioned'))?"
+            )
+        default = names.default_of(branch)
+        covered = {p.lower for p in existing if p.branch == branch and p.lower is not None}
+        start = floor_to_interval(now, interval)
+        if backfill:
+            (oldest,) = yield text(f"SELECT min(finished_at) FROM {names.qualified(default)}"), {}
+            if oldest[0] is not None:
+                start = min(start, floor_to_interval(oldest[0], interval))
+        stop = floor_to_interval(now, interval)
+        for _ in range(ahead):
+            stop = next_boundary(stop, interval)
+        lower = start
+        made = 0
+        while lower <= stop and made < MAX_CREATED:
+            upper = next_boundary(lower, interval)
+            if lower not in covered:
+                name = partition_name(branch, lower)
+                moved += yield from _create_partition(names, branch, name, lower, upper, columns)
+                created.append(name)
+                made += 1
+            lower = upper
+    return MaintainReport(tuple(created), moved)
+
+
+def _create_partition(
+    names: HistoryNames,
+    branch: str,
+    name: str,
+    lower: dt.datetime,
+    upper: dt.datetime,
+    columns: str,
+) -> Flow[int]:
+    q = names.qualified
+    default = q(names.default_of(branch))
+    bounds = {"lower": lower, "upper": upper}
+    # The default partition is locked first: a completion routed there between the move and
+    # the ATTACH would make the ATTACH fail. Completions routed to other partitions do not
+    # touch it, and the lock is held for this short transaction only.
+    yield text(f"LOCK TABLE {default} IN ACCESS EXCLUSIVE MODE"), {}
+    yield (
+        text(
+            f"CREATE TABLE {q(name)} "
+            f"(LIKE {q(names.jobs)} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
+        ),
+        {},
+    )
+    rows = yield (
+        text(
+            f"WITH moved AS (DELETE FROM {default} WHERE finished_at >= :lower "
+            f"AND finished_at < :upper RETURNING {columns}) "
+            f"INSERT INTO {q(name)} ({columns}) SELECT {columns} FROM moved RETURNING 1"
+        ),
+        bounds,
+    )
+    spelled = {k: v.isoformat() for k, v in bounds.items()}
+    yield (
+        text(
+            f"ALTER TABLE {q(branch)} ATTACH PARTITION {q(name)} "
+            f"FOR VALUES FROM ('{spelled['lower']}') TO ('{spelled['upper']}')"
+        ),
+        {},
+    )
+    return len(rows)
+
+
+def prune_flow(
+    tables: QueueTables,
+    names: HistoryNames,
+    *,
+    older_than: float,
+    include_failed: bool,
+    detach: bool,
+) -> Flow[PruneReport]:
+    """Drop (or detach) every time partition whose whole range finished ``older_than``
+    seconds ago or more, then delete the default partitions' jobs that old row by row.
+
+    Failed jobs' partitions go only with ``include_failed``. A partition is pruned whole, so
+    a job may outlive ``older_than`` by up to one interval. The unique keys that its jobs
+    still hold are deleted first (a key whose job is gone is free, and would only take up
+    room). Returns the partitions and the count of jobs they held.
+    """
+    yield _lock_timeout()
+    yield _serialize(names, wait=True)
+    _, existing = _parse((yield _catalog(names)))
+    ((cutoff,),) = yield (
+        text("SELECT now() - make_interval(secs => :age)").bindparams(
+            bindparam("age", type_=Double)
+        ),
+        {"age": older_than},
+    )
+    q = names.qualified
+    keys = tables.unique_keys
+    key_table = q(keys.name)
+    branches = [names.done] + ([names.failed] if include_failed else [])
+    pruned: list[str] = []
+    jobs = 0
+    doomed = [
+        p for p in existing if p.branch in branches and p.upper is not None and p.upper <= cutoff
+    ]
+    for partition in doomed:
+        ((count,),) = yield text(f"SELECT count(*) FROM {q(partition.name)}"), {}
+        yield (
+            text(
+                f"DELETE FROM {key_table} k USING {q(partition.name)} j "
+                "WHERE j.unique_key IS NOT NULL AND k.job_id = j.id"
+            ),
+            {},
+        )
+        jobs += int(count)
+    for branch in branches:
+        default = q(names.default_of(branch))
+        gone = yield (
+            text(
+                f"WITH gone AS (DELETE FROM {default} WHERE finished_at < :cutoff "
+                "RETURNING id, unique_key), "
+                f"freed AS (DELETE FROM {key_table} k USING gone "
+                "WHERE gone.unique_key IS NOT NULL AND k.job_id = gone.id) "
+                "SELECT id FROM gone"
+            ),
+            {"cutoff": cutoff},
+        )
+        jobs += len(gone)
+    # The DDL comes last: dropping a partition locks its branch until the transaction
+    # ends, and the workers' completions into that branch wait for it meanwhile.
+    for partition in doomed:
+        if detach:
+            yield (
+                text(f"ALTER TABLE {q(partition.branch)} DETACH PARTITION {q(partition.name)}"),
+                {},
+            )
+        else:
+            yield text(f"DROP TABLE {q(partition.name)}"), {}
+        pruned.append(partition.name)
+    return PruneReport(tuple(pruned), jobs, detach)
