@@ -82,8 +82,8 @@ def _check_history(history: object) -> str:
     return str(history)
 
 
-class CreateQueueOp(_AtVersionOp):
-    """Create the queue's tables at one frozen schema version."""
+class _WholeQueueOp(_AtVersionOp):
+    """Creating or dropping a whole queue: at one version, in one history layout."""
 
     _fields = ("schema", "prefix", "version", "history")
 
@@ -97,6 +97,10 @@ class CreateQueueOp(_AtVersionOp):
     ) -> None:
         super().__init__(schema, prefix, version=version)
         self.history = _check_history(history)
+
+
+class CreateQueueOp(_WholeQueueOp):
+    """Create the queue's tables at one frozen schema version."""
 
     @classmethod
     def create_queue(
@@ -129,21 +133,8 @@ class CreateQueueOp(_AtVersionOp):
         return base if self.history == "plain" else (*base, self.history)
 
 
-class DropQueueOp(_AtVersionOp):
+class DropQueueOp(_WholeQueueOp):
     """Drop the queue's tables, as they are at one schema version."""
-
-    _fields = ("schema", "prefix", "version", "history")
-
-    def __init__(
-        self,
-        schema: str | None = None,
-        prefix: str = DEFAULT_PREFIX,
-        *,
-        version: int,
-        history: str = "plain",
-    ) -> None:
-        super().__init__(schema, prefix, version=version)
-        self.history = _check_history(history)
 
     @classmethod
     def drop_queue(

@@ -17,14 +17,13 @@ maintenance moves it.
 from __future__ import annotations
 
 import logging
-import threading
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from sqla_queue._sqlstate import INSUFFICIENT_PRIVILEGE, sqlstate_of
 from sqla_queue.history import DEFAULT_AHEAD, maintain_history
 from sqla_queue.history.partitions import MaintainReport
-from sqla_queue.worker.services import ServiceEnv
+from sqla_queue.worker.services import ServiceEnv, ThreadedService
 
 __all__ = ["MAINTAIN_INTERVAL", "HistoryMaintainer"]
 
@@ -34,32 +33,17 @@ log = logging.getLogger("sqla_queue.history")
 MAINTAIN_INTERVAL = 600.0
 
 
-class HistoryMaintainer:
+class HistoryMaintainer(ThreadedService):
     """A :class:`~sqla_queue.worker.services.WorkerService` creating history partitions."""
+
+    thread_name = "sqla-queue-history"
 
     def __init__(self, env: ServiceEnv, *, interval: float = MAINTAIN_INTERVAL) -> None:
         self.env = env
         self.interval = interval
-        self._halt = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
         #: The report of the last successful run, for tests and status pages.
         self.last_report: MaintainReport | None = None
-
-    def start(self) -> None:
-        """Start the maintenance thread (a daemon thread); return at once."""
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._loop, name="sqla-queue-history", daemon=True)
-        self._thread.start()
-
-    def request_stop(self) -> None:
-        """Stop after the current run, if any."""
-        self._halt.set()
-
-    def join(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for the thread to end."""
-        if self._thread is not None:
-            self._thread.join(timeout)
 
     def run_once(self) -> bool:
         """One maintenance run; ``False`` when the role may not create partitions."""

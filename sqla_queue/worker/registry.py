@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 from collections.abc import Mapping
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -30,7 +29,7 @@ from sqla_queue.statements.registry import (
     expire_workers_statement,
     unregister_worker_statement,
 )
-from sqla_queue.worker.services import ServiceEnv
+from sqla_queue.worker.services import ServiceEnv, ThreadedService
 
 __all__ = ["BEAT_INTERVAL", "EXPIRE_AFTER", "WorkerRegistry", "finished_jobs"]
 
@@ -54,7 +53,7 @@ def finished_jobs(stats: Mapping[str, int]) -> int:
     return sum(int(stats.get(key, 0)) for key in ("succeeded", "failed", "cancelled"))
 
 
-class WorkerRegistry:
+class WorkerRegistry(ThreadedService):
     """A :class:`~sqla_queue.worker.services.WorkerService` keeping the worker's row.
 
     ``beat()`` writes the row once (and expires stale rows); the thread started by
@@ -62,6 +61,8 @@ class WorkerRegistry:
     the row. The worker's stop flag alone does not end it: while a graceful stop waits for
     running handlers, the row goes on showing them.
     """
+
+    thread_name = "sqla-queue-registry"
 
     def __init__(
         self,
@@ -79,8 +80,7 @@ class WorkerRegistry:
         #: Beats written, and beats that failed (logged, then retried).
         self.beats = 0
         self.failures = 0
-        self._halt = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
         tables = env.tables
         self._beat = beat_worker_statement(tables)
         self._expire = expire_workers_statement(tables)
@@ -88,21 +88,9 @@ class WorkerRegistry:
 
     # -- WorkerService ------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the beating thread (a daemon thread); return at once."""
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._loop, name="sqla-queue-registry", daemon=True)
-        self._thread.start()
-
     def request_stop(self) -> None:
         """Stop beating and delete the worker's row (from the thread, before it ends)."""
         self._halt.set()
-
-    def join(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for the thread to end."""
-        if self._thread is not None:
-            self._thread.join(timeout)
 
     # -- one beat -----------------------------------------------------------------------
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,7 +39,7 @@ from sqla_queue.statements.periodic import (
     database_now_statement,
     read_schedules_statement,
 )
-from sqla_queue.worker.services import ServiceEnv
+from sqla_queue.worker.services import ServiceEnv, ThreadedService
 
 __all__ = ["HORIZON_INTERVALS", "Scheduler"]
 
@@ -68,13 +67,15 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError | InterfaceError)
 
 
-class Scheduler:
+class Scheduler(ThreadedService):
     """A :class:`~sqla_queue.worker.services.WorkerService` that enqueues periodic ticks.
 
     ``run_pass()`` does one pass and returns the seconds until the next one; the thread
     started by ``start()`` loops over it until ``request_stop()`` or the worker's stop
     flag.
     """
+
+    thread_name = "sqla-queue-scheduler"
 
     def __init__(
         self, env: ServiceEnv, schedules: Sequence[Schedule], *, rng: random.Random | None = None
@@ -96,8 +97,7 @@ class Scheduler:
         #: Seconds after its time that a tick not enqueued yet counts as missed.
         self.grace = self.horizon
         self._rng = rng or random.Random()
-        self._halt = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
         tables = env.tables
         self._now = database_now_statement()
         self._read = read_schedules_statement(tables)
@@ -109,21 +109,12 @@ class Scheduler:
 
     # -- WorkerService ------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the scheduler's thread (a daemon thread); return at once."""
-        if not self.schedules or self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._loop, name="sqla-queue-scheduler", daemon=True)
-        self._thread.start()
-
     def request_stop(self) -> None:
         """Stop after the pass under way: its transaction commits or rolls back whole."""
         self._halt.set()
 
-    def join(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for the thread to end."""
-        if self._thread is not None:
-            self._thread.join(timeout)
+    def _wanted(self) -> bool:
+        return bool(self.schedules)
 
     # -- the loop -----------------------------------------------------------------------
 

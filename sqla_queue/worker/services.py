@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 
 from sqla_queue.models.tables import QueueTables
 
-__all__ = ["ServiceEnv", "WorkerService"]
+__all__ = ["ServiceEnv", "ThreadedService", "WorkerService"]
 
 
 @dataclass(frozen=True)
@@ -60,3 +60,40 @@ class WorkerService(Protocol):
 
     def join(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the service's threads to end."""
+
+
+class ThreadedService:
+    """A :class:`WorkerService` whose work is one loop on a daemon thread of its own.
+
+    A subclass names its thread (``thread_name``) and writes ``_loop``, which runs until
+    ``_halt`` is set (``request_stop``) or the worker's stop flag is, as it decides; it may
+    override ``_wanted`` to start no thread when it has nothing to do.
+    """
+
+    thread_name = "sqla-queue-service"
+
+    def __init__(self) -> None:
+        self._halt = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the service's thread (a daemon thread); return at once."""
+        if self._thread is not None or not self._wanted():
+            return
+        self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
+        self._thread.start()
+
+    def request_stop(self) -> None:
+        """Ask the loop to end after the step under way."""
+        self._halt.set()
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the thread to end."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _wanted(self) -> bool:
+        return True
+
+    def _loop(self) -> None:
+        raise NotImplementedError
