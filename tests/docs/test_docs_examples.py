@@ -41,9 +41,22 @@ TUTORIAL = DOCS / "tutorial.md"
 TIMEOUT = 180
 
 RUNNER = """\
+import builtins
 import json
 import sys
+import threading
 
+# An example's worker thread and its main thread may print at once; print writes the text
+# and the newline separately, so two lines could run together. One print at a time.
+_print, _printing = builtins.print, threading.Lock()
+
+
+def _one_print_at_a_time(*args, **kwargs):
+    with _printing:
+        _print(*args, **kwargs)
+
+
+builtins.print = _one_print_at_a_time
 namespace = {"__name__": "__main__"}
 with open(sys.argv[1], encoding="utf-8") as handle:
     blocks = json.load(handle)
