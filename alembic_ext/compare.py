@@ -34,6 +34,7 @@ from alembic_ext import versions
 from alembic_ext.ops import CreateQueueOp, DropQueueOp, QueueOp, UpgradeQueueOp
 from sqla_queue.errors import InvalidIdentifierError
 from sqla_queue.models.tables import (
+    HistoryLayout,
     QueueTables,
     parse_schema_version_comment,
     translated_schema,
@@ -371,7 +372,7 @@ def _owned_keys(
         for where in {target.schema, translated_schema(target.schema, translate_map)}:
             schema = None if where == default_schema else where
             owned |= {(schema, t.name) for t in _queue_tables(target)}
-            if target.history == "partitioned":
+            if target.history == HistoryLayout.PARTITIONED:
                 owned.partition_prefixes.add((schema, f"{target.jobs.name}_"))
     return owned
 

@@ -15,7 +15,12 @@ from alembic_ext import versions
 from alembic_ext.versions.history import INTERVALS as HISTORY_INTERVALS
 from alembic_ext.versions.history import partition_statements, unpartition_statements
 from sqla_queue._identifiers import validate_prefix, validate_schema
-from sqla_queue.models.tables import DEFAULT_PREFIX, translated_schema
+from sqla_queue.models.tables import (
+    DEFAULT_PREFIX,
+    HistoryLayout,
+    check_history,
+    translated_schema,
+)
 
 __all__ = [
     "CreateQueueOp",
@@ -76,12 +81,6 @@ class _AtVersionOp(QueueOp):
         self.version = _check_version(version, "version")
 
 
-def _check_history(history: object) -> str:
-    if history not in ("plain", "partitioned"):
-        raise ValueError(f"history must be 'plain' or 'partitioned', got {history!r}")
-    return str(history)
-
-
 class _WholeQueueOp(_AtVersionOp):
     """Creating or dropping a whole queue: at one version, in one history layout."""
 
@@ -96,7 +95,7 @@ class _WholeQueueOp(_AtVersionOp):
         history: str = "plain",
     ) -> None:
         super().__init__(schema, prefix, version=version)
-        self.history = _check_history(history)
+        self.history = check_history(history)
 
 
 class CreateQueueOp(_WholeQueueOp):
@@ -300,7 +299,7 @@ def run_create_queue(operations: Operations, operation: CreateQueueOp) -> None:
     """Implementation of :class:`CreateQueueOp`: frozen DDL only, so ``--sql`` works."""
     schema = target_schema(operations, operation.schema)
     statements = versions.create_statements(operation.version, schema, operation.prefix)
-    if operation.history == "partitioned":
+    if operation.history == HistoryLayout.PARTITIONED:
         statements += partition_statements(operation.version, schema, operation.prefix)
     _execute_all(operations, statements)
 

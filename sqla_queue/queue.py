@@ -27,6 +27,7 @@ from sqla_queue.core.backoff import RetryPolicy
 from sqla_queue.enqueue import Enqueuer, KnownTasks, TaskDefaults
 from sqla_queue.errors import TaskAlreadyRegisteredError, UnknownTaskError
 from sqla_queue.models import DEFAULT_PREFIX, Job, JobExecution, build_tables, map_classes
+from sqla_queue.models.tables import HistoryLayout
 from sqla_queue.spec import (
     OPTION_NAMES,
     EnqueueKwargs,
@@ -811,7 +812,7 @@ class Queue:
         partitions are dropped instead (:func:`sqla_queue.history.prune_history`): a job
         may then outlive ``older_than`` by up to one partition interval.
         """
-        if self.tables.history == "partitioned":
+        if self.tables.history == HistoryLayout.PARTITIONED:
             from sqla_queue.history import prune_history
 
             report = prune_history(

@@ -57,11 +57,6 @@ def run_maintain(args: argparse.Namespace) -> int:
     from sqla_queue.history import history_partitions, maintain_history
 
     queue, url = _target(args)
-    if queue.tables.history != "partitioned":
-        raise CliError(
-            "this queue's history is not partitioned (Queue(history='plain')): nothing to "
-            "maintain; `sqla-queue prune` deletes old jobs"
-        )
     engine = _engine(url)
     try:
         with engine.begin() as connection:
@@ -69,6 +64,8 @@ def run_maintain(args: argparse.Namespace) -> int:
                 connection, queue.tables, ahead=args.ahead, backfill=args.backfill
             )
             partitions = history_partitions(connection, queue.tables)
+    except ValueError as exc:  # a queue whose history is not partitioned: nothing was done
+        raise CliError(str(exc)) from None
     finally:
         engine.dispose()
     if args.json:

@@ -603,15 +603,16 @@ def _prune(args: argparse.Namespace) -> int:
             if args.detach:
                 from sqla_queue.history import prune_history
 
-                if queue.tables.history != "partitioned":
-                    raise CliError("--detach is for a queue with partitioned history")
-                report = prune_history(
-                    connection,
-                    queue.tables,
-                    older_than=args.older_than,
-                    include_failed=args.include_failed,
-                    detach=True,
-                )
+                try:
+                    report = prune_history(
+                        connection,
+                        queue.tables,
+                        older_than=args.older_than,
+                        include_failed=args.include_failed,
+                        detach=True,
+                    )
+                except ValueError as exc:  # --detach on a plain history: nothing was done
+                    raise CliError(str(exc)) from None
                 count = report.jobs
                 print(f"detached {len(report.partitions)} partition(s): {list(report.partitions)}")
             else:

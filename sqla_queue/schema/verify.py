@@ -163,8 +163,8 @@ def _found_shape(kind: str, detail: str | None) -> str:
     return detail
 
 
-def _table_names(tables: QueueTables) -> list[str]:
-    return sorted({obj.table for obj in required_objects(tables)})
+def _table_names(required: list[RequiredObject]) -> list[str]:
+    return sorted({obj.table for obj in required})
 
 
 def inspect_schema(connection: Connection, tables: QueueTables) -> SchemaReport:
@@ -174,7 +174,7 @@ def inspect_schema(connection: Connection, tables: QueueTables) -> SchemaReport:
     a schema problem first.
     """
     required = required_objects(tables)
-    names = _table_names(tables)
+    names = _table_names(required)
     # A connection with a schema_translate_map (a tenant's) reads the schema it maps to.
     translate = connection.get_execution_options().get("schema_translate_map")
     where = translated_schema(tables.schema, translate)
@@ -295,7 +295,7 @@ def verify_schema(connection: Connection, tables: QueueTables) -> None:
     tables_missing = sum(obj.kind == "table" for obj in report.missing)
     if version is not None:
         found = f"schema version {version}"
-    elif tables_missing == len(_table_names(tables)):
+    elif tables_missing == len(_table_names(required_objects(tables))):
         found = "no queue tables"
     else:
         found = "an incomplete queue (no executions table, so no recorded version)"

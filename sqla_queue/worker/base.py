@@ -13,6 +13,7 @@ from sqlalchemy.engine import URL, make_url
 from sqla_queue._sqlstate import is_unique_violation_of
 from sqla_queue.core.outcomes import ClaimedJob
 from sqla_queue.instrumentation import combine_observers
+from sqla_queue.models.tables import HistoryLayout
 from sqla_queue.worker.background import Heartbeater, Listener, libpq_url
 from sqla_queue.worker.context import JobContext
 from sqla_queue.worker.core import ContextFactory, WorkerCore
@@ -261,7 +262,7 @@ class WorkerBase:
             from sqla_queue.worker.daemons import DaemonSupervisor
 
             services.append(DaemonSupervisor(env, self.plan.daemons))
-        if self.plan.tables.history == "partitioned":
+        if self.plan.tables.history == HistoryLayout.PARTITIONED:
             from sqla_queue.worker.history import HistoryMaintainer
 
             services.append(HistoryMaintainer(env))

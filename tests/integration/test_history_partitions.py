@@ -342,3 +342,23 @@ def test_result_waits_through_a_completion_that_moves_the_row(
     holder.close()
     waiter.join(20)
     assert got == [7]
+
+
+def test_the_command_line_maintains_prunes_and_refuses_a_plain_queue(
+    hq_engine: Engine, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sqla_queue.cli.main import main
+
+    url = hq_engine.url.render_as_string(hide_password=False)
+    target = "tests.support.history_app:queue"
+    assert main(["maintain", target, "--url", url, "--ahead", "1", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert len(listed["created"]) == 4 and len(listed["partitions"]) == 6
+    args = ["prune", target, "--url", url, "--older-than", "1d", "--detach"]
+    assert main(args) == 0
+    assert "detached 0 partition(s)" in capsys.readouterr().out
+    # The plain test app: refused with the reason, nothing done (exit status 2).
+    plain = "tests.support.app:queue"
+    assert main(["maintain", plain, "--url", db_url]) == 2
+    assert main(["prune", plain, "--url", db_url, "--older-than", "1d", "--detach"]) == 2
+    assert "history='partitioned'" in capsys.readouterr().err
