@@ -108,11 +108,11 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def targets(results: dict[str, Any]) -> TextTable:
-    """The issue's targets, each met or not, from this run's figures."""
-    table = TextTable("Targets (issues 6 and 11)", ["target", "measured", "verdict"])
+    """This run's headline ratios beside the levels the project aims for."""
+    table = TextTable("Headline ratios against their aims", ["aim", "measured", "reached"])
 
     def add(name: str, value: float, ok: bool, shown: str) -> None:
-        verdict = "-" if math.isnan(value) else ("met" if ok else "NOT met")
+        verdict = "-" if math.isnan(value) else ("yes" if ok else "no")
         table.add(name, shown if not math.isnan(value) else "not measured", verdict)
 
     drain = results.get("drain", {})

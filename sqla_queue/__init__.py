@@ -7,6 +7,7 @@
 >>> queue.worker(SessionLocal).run()          # or: sqla-queue worker myapp.jobs:queue
 """
 
+from sqla_queue.admin import RequeueReport
 from sqla_queue.controls import RateLimit, TaskControl
 from sqla_queue.core.backoff import RetryPolicy
 from sqla_queue.core.outcomes import Reschedule, Retry
@@ -77,6 +78,7 @@ __all__ = [
     "QueueFull",
     "QueueStatus",
     "RateLimit",
+    "RequeueReport",
     "Reschedule",
     "ResultTimeoutError",
     "Retry",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, overload
@@ -27,19 +28,21 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from sqla_queue._binds import AnyBind, scalars_each
+from sqla_queue._binds import AnyBind, Flow, run_flow, scalars_each, tables_for
 from sqla_queue._sqlstate import INSUFFICIENT_PRIVILEGE, sqlstate_of
+from sqla_queue.core.payload import encode_json
 from sqla_queue.errors import InsufficientPrivilegeError
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.schema.manifest import ADMIN_LIMIT_PRIVILEGES, RequiredPrivilege
 from sqla_queue.schema.verify import GRANTS_GUIDE, grant_statements
-from sqla_queue.spec import INT4_MAX
+from sqla_queue.spec import INT4_MAX, INT8_MAX, INT8_MIN, check_whole_number
 from sqla_queue.statements.admin import (
     FailedJobsParams,
     PruneParams,
     RequeueParams,
     failed_jobs_statement,
     prune_statement,
+    requeue_keys_statement,
     requeue_statement,
 )
 from sqla_queue.statements.limits import (
@@ -49,11 +52,18 @@ from sqla_queue.statements.limits import (
     set_limit_statement,
     stored_limits_statement,
 )
+from sqla_queue.statements.unique import (
+    BindKeysParams,
+    TakeKeysParams,
+    bind_keys_statement,
+    take_keys_statement,
+)
 
 __all__ = [
     "BIGINT_MAX",
     "INTEGER_MAX",
     "FailedJob",
+    "RequeueReport",
     "check_age",
     "check_failed_limit",
     "check_job_ids",
@@ -72,7 +82,7 @@ AsyncBind = AsyncSession | AsyncConnection
 #: The largest value of PostgreSQL's ``integer`` (the stored concurrency limit).
 INTEGER_MAX = INT4_MAX
 #: The largest value of PostgreSQL's ``bigint`` (job ids).
-BIGINT_MAX = 2**63 - 1
+BIGINT_MAX = INT8_MAX
 # Ages beyond this prune what they would prune at any larger age (nothing finished before
 # 1000 BC), and keep now() - age inside PostgreSQL's timestamp range (4713 BC on).
 _PRUNE_HORIZON_SECONDS = 3000 * 365.25 * 86400
@@ -96,26 +106,33 @@ def check_limit(limit: object) -> int | None:
 def check_job_ids(job_ids: Iterable[int]) -> list[int]:
     """The job ids of an iterable, each a whole number that a ``bigint`` holds.
 
-    Strings of digits are converted with ``int`` (ids often come from forms and command
-    lines); a string or bytes given for the whole iterable, a float, a bool, or an id
-    beyond ``bigint`` raises :class:`TypeError` or :class:`ValueError` naming it.
+    Each id is an ``int`` (any ``numbers.Integral`` but ``bool``), or a string of ASCII
+    digits (ids often come from forms and command lines), converted with ``int``. A string
+    or bytes given for the whole iterable, a float, a ``Decimal`` (``Decimal("2.9")`` must
+    not become job 2), a bool, any other string, or an id beyond ``bigint`` raises
+    :class:`TypeError` or :class:`ValueError` naming it. Every place that takes job ids
+    (cancel, requeue, result, the job listing) checks them here.
     """
     if isinstance(job_ids, str | bytes) or not isinstance(job_ids, Iterable):
         raise TypeError(f"job_ids must be an iterable of job ids, got {job_ids!r}")
-    ids: list[int] = []
-    for raw in job_ids:
-        if isinstance(raw, bool | float):
-            raise TypeError(f"a job id must be a whole number, got {raw!r}")
-        try:
-            value = int(raw)
-        except (TypeError, ValueError):
-            raise TypeError(f"a job id must be a whole number, got {raw!r}") from None
-        if not -BIGINT_MAX - 1 <= value <= BIGINT_MAX:
+    return [_job_id(raw) for raw in job_ids]
+
+
+# Digits only: int() would also take " 7", "1_000" and non-ASCII digits such as "٣".
+_DIGITS = re.compile(r"-?[0-9]+")
+# More significant digits than this cannot be a bigint (and are not worth converting).
+_BIGINT_DIGITS = len(str(INT8_MAX))
+
+
+def _job_id(raw: object) -> int:
+    if isinstance(raw, str) and _DIGITS.fullmatch(raw):
+        if len(raw.lstrip("-").lstrip("0")) > _BIGINT_DIGITS:
             raise ValueError(
-                f"job id {value} is out of range: ids are bigint, at most {BIGINT_MAX}"
+                f"a job id must be from {INT8_MIN} to {INT8_MAX} (it is a PostgreSQL "
+                f"bigint), got a number of {len(raw)} digits"
             )
-        ids.append(value)
-    return ids
+        raw = int(raw)
+    return check_whole_number("a job id", raw, INT8_MIN, INT8_MAX)
 
 
 def check_age(older_than: object) -> float:
@@ -159,26 +176,114 @@ def _connection(bind: SyncBind) -> Connection:
     return bind.connection() if isinstance(bind, Session) else bind
 
 
+class RequeueReport(list[int]):
+    """What :func:`requeue` did: the list of ids requeued (in id order), and why the
+    others that could have been were left alone.
+
+    It is a ``list`` of the requeued ids, as requeue always returned, with two more
+    attributes:
+
+    * :attr:`refused`: the failed or cancelled jobs left alone because another job holds
+      their unique key, each with the reason as a sentence (``"its unique key 'k' is
+      held by job 12"``);
+    * :attr:`held_by`: the same jobs, each with the id of the job that holds its key.
+
+    Ids in neither were not failed or cancelled (or no job has them): nothing to do.
+    """
+
+    refused: dict[int, str]
+    held_by: dict[int, int]
+
+    def __init__(
+        self, requeued: Iterable[int] = (), held_by: dict[int, tuple[str, int]] | None = None
+    ) -> None:
+        super().__init__(requeued)
+        held = held_by or {}
+        self.held_by = {job_id: holder for job_id, (_, holder) in held.items()}
+        self.refused = {
+            job_id: f"its unique key {key!r} is held by job {holder}"
+            for job_id, (key, holder) in held.items()
+        }
+
+    @property
+    def requeued(self) -> list[int]:
+        """The ids requeued, in id order (the list itself)."""
+        return list(self)
+
+
 @overload
-def requeue(bind: SyncBind, tables: QueueTables, job_ids: Iterable[int]) -> list[int]: ...
+def requeue(bind: SyncBind, tables: QueueTables, job_ids: Iterable[int]) -> RequeueReport: ...
 
 
 @overload
 def requeue(
     bind: AsyncBind, tables: QueueTables, job_ids: Iterable[int]
-) -> Coroutine[Any, Any, list[int]]: ...
+) -> Coroutine[Any, Any, RequeueReport]: ...
 
 
 def requeue(
     bind: AnyBind, tables: QueueTables, job_ids: Iterable[int]
-) -> list[int] | Coroutine[Any, Any, list[int]]:
-    """Put failed or cancelled jobs back in the queue; the ids requeued, in id order.
+) -> RequeueReport | Coroutine[Any, Any, RequeueReport]:
+    """Put failed or cancelled jobs back in the queue; a :class:`RequeueReport`.
 
     The ids are read and checked (:func:`check_job_ids`) before anything is executed, also
-    for an async bind. See :func:`~sqla_queue.statements.requeue_statement`.
+    for an async bind. A unique job takes its key again, under the same rules as an
+    enqueue: while another job holds the key, the job is left as it is, and the report
+    says which job holds it. A keyed job (``queue_id``) goes back in line behind its key's
+    queued jobs. See :func:`~sqla_queue.statements.requeue_statement`.
     """
-    params: RequeueParams = {"ids": check_job_ids(job_ids)}
-    return scalars_each(bind, requeue_statement(tables), [params])
+    ids = check_job_ids(job_ids)
+    return run_flow(bind, _requeue_flow(tables, ids))
+
+
+def _requeue_flow(tables: QueueTables, ids: list[int]) -> Flow[RequeueReport]:
+    """Take the unique keys of the jobs to requeue, then requeue those that got theirs."""
+    asked: RequeueParams = {"ids": ids}
+    keyed = yield requeue_keys_statement(tables), asked
+    # One job per key: the lowest id takes it, the others of the call meet it as holder.
+    claimants: dict[tuple[str, str], int] = {}
+    for row in keyed:
+        claimants.setdefault((row.task, row.unique_key), row.id)
+    held = yield from _take_keys(tables, claimants)
+    for row in keyed:
+        leader = claimants[(row.task, row.unique_key)]
+        if row.id != leader:
+            held[row.id] = (row.unique_key, held.get(leader, (row.unique_key, leader))[1])
+    free: RequeueParams = {"ids": [job_id for job_id in ids if job_id not in held]}
+    requeued = [int(row[0]) for row in (yield requeue_statement(tables), free)]
+    back = set(requeued)
+    # Bound without a scope: each key keeps the one it was last taken with.
+    bindings = [
+        {"task": task, "key": key, "job_id": job_id, "scope": None, "hold_seconds": None}
+        for (task, key), job_id in claimants.items()
+        if job_id in back
+    ]
+    if bindings:
+        bind: BindKeysParams = {"keys": encode_json(bindings)}
+        yield bind_keys_statement(tables), bind
+    return RequeueReport(requeued, held)
+
+
+def _take_keys(
+    tables: QueueTables, claimants: dict[tuple[str, str], int]
+) -> Flow[dict[int, tuple[str, int]]]:
+    """Lock the claimants' keys; ``{job id: (key, holder)}`` of those another job holds.
+
+    A key bound to the claimant itself (scope ``finished``, still within its hold) is
+    its own to take back.
+    """
+    if not claimants:
+        return {}
+    wanted = list(claimants.items())
+    rows = [{"task": task, "key": key, "seq": seq} for seq, ((task, key), _) in enumerate(wanted)]
+    take: TakeKeysParams = {"keys": encode_json(rows)}
+    holders = {int(seq): holder for seq, holder in (yield take_keys_statement(tables), take)}
+    held: dict[int, tuple[str, int]] = {}
+    for seq, ((_, key), job_id) in enumerate(wanted):
+        holder = holders.get(seq)
+        if holder is not None and int(holder) != job_id:
+            held[job_id] = (key, int(holder))
+    return held
 
 
 @overload
@@ -259,8 +364,9 @@ def operator_write_refused(
 ) -> InsufficientPrivilegeError:
     """The error for a write that only the operator role may make (``doing``), refused for
     lack of ``privileges`` on ``table``: the cause, what is needed (``needs``), and the
-    ``GRANT`` statements that fix it."""
-    schema = tables.schema or "<schema>"
+    ``GRANT`` statements that fix it, on the schema the write touched (a tenant's, when
+    ``connection`` has a ``schema_translate_map``)."""
+    schema = tables_for(tables, connection).effective_schema or "<schema>"
     lacking = [RequiredPrivilege("table", table, privilege) for privilege in privileges]
     role = connection.engine.url.username or "<role>"
     grants = " ".join(grant_statements(lacking, schema, role))

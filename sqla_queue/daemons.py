@@ -20,6 +20,7 @@ import contextlib
 import datetime as dt
 import inspect
 import math
+import numbers
 import threading
 import uuid
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from sqla_queue.core.times import MAX_LOST_INTERVAL, check_seconds
 __all__ = [
     "MAX_INSTANCES",
     "MIN_DAEMON_LEASE",
+    "MIN_RESTART_DELAY",
     "DaemonBackoff",
     "DaemonContext",
     "DaemonSpec",
@@ -40,6 +42,10 @@ __all__ = [
 
 #: Most instances one daemon may ask for (each is a thread and a row).
 MAX_INSTANCES = 1000
+#: Shortest wait before a crashed (or returned) daemon instance runs again, in seconds: the
+#: floor of ``DaemonBackoff.min_delay``. Each restart writes to the database, so a daemon
+#: that fails at once restarts at most ten times a second.
+MIN_RESTART_DELAY = 0.1
 #: Shortest lost interval of a daemon, in seconds: the supervisor renews at a quarter of
 #: it, and a lease shorter than a few round trips would fence healthy daemons.
 MIN_DAEMON_LEASE = 1.0
@@ -54,6 +60,11 @@ class DaemonBackoff:
     ``reset_after`` seconds before it crashed starts the count again, so a daemon that
     fails once a day always restarts after ``min_delay``. A daemon that returns (instead
     of raising) is restarted after ``min_delay``, and its count starts again too.
+
+    Every value is checked here: ``min_delay`` is at least :data:`MIN_RESTART_DELAY`
+    (0.1 s), ``max_delay`` at least ``min_delay``, ``factor`` at least 1 (1: the same wait
+    every time), and all of them finite; the delays and ``reset_after`` are seconds, at
+    most a year. ``TypeError`` or ``ValueError`` names the field and the rule.
     """
 
     min_delay: float = 1.0
@@ -62,20 +73,24 @@ class DaemonBackoff:
     reset_after: float = 60.0
 
     def __post_init__(self) -> None:
-        for name in ("min_delay", "max_delay", "factor", "reset_after"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(
-                    f"DaemonBackoff.{name} must be a number, got {value!r} ({type(value).__name__})"
-                )
-            if not math.isfinite(value):
-                raise ValueError(f"DaemonBackoff.{name} must be finite, got {value!r}")
-        if self.min_delay < 0 or self.max_delay < self.min_delay:
-            raise ValueError("DaemonBackoff needs 0 <= min_delay <= max_delay")
-        if self.factor < 1:
-            raise ValueError("DaemonBackoff.factor must be >= 1")
-        if self.reset_after < 0:
-            raise ValueError("DaemonBackoff.reset_after cannot be negative")
+        for name in ("min_delay", "max_delay", "reset_after"):
+            seconds = check_seconds(
+                f"DaemonBackoff.{name}", getattr(self, name), maximum=MAX_LOST_INTERVAL
+            )
+            object.__setattr__(self, name, seconds)
+        object.__setattr__(self, "factor", _check_factor(self.factor))
+        if self.min_delay < MIN_RESTART_DELAY:
+            # Each restart writes the crash to the database: a daemon that fails at once
+            # would otherwise restart hundreds of times a second, on every worker.
+            raise ValueError(
+                f"DaemonBackoff.min_delay must be at least {MIN_RESTART_DELAY} s (the "
+                f"shortest wait before a crashed daemon runs again), got {self.min_delay!r}"
+            )
+        if self.max_delay < self.min_delay:
+            raise ValueError(
+                f"DaemonBackoff.max_delay ({self.max_delay!r}) must be at least "
+                f"min_delay ({self.min_delay!r})"
+            )
 
     def delay(self, crashes: int) -> float:
         """Seconds to wait after the ``crashes``-th crash in a row (1 for the first)."""
@@ -89,6 +104,24 @@ class DaemonBackoff:
     def crashes_after(self, previous: int, ran_for: float) -> int:
         """The crash count after a crash of a run that lasted ``ran_for`` seconds."""
         return 1 if ran_for >= self.reset_after else previous + 1
+
+
+def _check_factor(value: object) -> float:
+    """``value`` as a float if it is a finite number of at least 1, else raise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"DaemonBackoff.factor must be a number, got {value!r} ({type(value).__name__})"
+        )
+    try:
+        factor = float(value)
+    except OverflowError:
+        factor = math.inf
+    if not math.isfinite(factor):
+        raise ValueError(f"DaemonBackoff.factor must be finite, got {value!r}")
+    if factor < 1:
+        # Below 1 each wait would be shorter than the one before, down to nothing.
+        raise ValueError(f"DaemonBackoff.factor must be at least 1, got {value!r}")
+    return factor
 
 
 @dataclass(frozen=True)

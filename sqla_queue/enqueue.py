@@ -34,7 +34,15 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql import ClauseElement, Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from sqla_queue._binds import AnyBind, Flow, Sleep, run_flow, scalars_each
+from sqla_queue._binds import (
+    AnyBind,
+    Flow,
+    Sleep,
+    on_connection,
+    options_of,
+    run_flow,
+    scalars_each,
+)
 from sqla_queue._identifiers import validate_task_name
 from sqla_queue.core.payload import (
     check_storable,
@@ -67,6 +75,7 @@ __all__ = [
     "BoundedStatements",
     "DefaultsLookup",
     "DriverStatement",
+    "EnqueueStatements",
     "Enqueuer",
     "KnownTasks",
     "TaskDefaults",
@@ -267,30 +276,24 @@ def _dump_chunk(rows: list[EnqueueRow]) -> str:
     return text
 
 
-class Enqueuer:
-    """Writes jobs of one queue's tables through the caller's Session or Connection.
+class EnqueueStatements:
+    """The statements of one queue's enqueues, for the connections that see ``tables``.
 
-    It owns the enqueue statement of each shape (for calls with a ``queue_id`` or none),
-    their driver SQL per dialect, and ``defaults``, the lookup of a task's
-    :class:`TaskDefaults` (which also checks the name). Nothing here commits: every write
-    joins the caller's transaction.
+    The enqueue statement of each shape (for calls with a ``queue_id`` or none), its driver
+    SQL per dialect, and the statements of bounded and unique enqueues. The wake-up channel
+    and the bounded tasks' lock names derive from ``tables``: a tenant's (see
+    :meth:`Enqueuer.statements_for`) are its own.
     """
 
-    def __init__(self, tables: QueueTables, *, notify: bool, defaults: DefaultsLookup) -> None:
+    def __init__(self, tables: QueueTables, *, notify: bool) -> None:
         self.tables = tables
-        self.notify = notify
-        self.defaults = defaults
+        #: The enqueue statement by shape: for calls with a ``queue_id`` (True) or none.
+        self.by_shape: dict[bool, Select[int]] = {
+            keyed: enqueue_statement(tables, notify=notify, keyed=keyed) for keyed in (True, False)
+        }
         # The enqueue statement compiled for each dialect seen and each shape (None: not
         # served that way).
         self._driver: dict[tuple[Dialect, bool], DriverStatement | None] = {}
-
-    @cached_property
-    def statements(self) -> dict[bool, Select[int]]:
-        """The enqueue statement by shape: for calls with a ``queue_id`` (True) or none."""
-        return {
-            keyed: enqueue_statement(self.tables, notify=self.notify, keyed=keyed)
-            for keyed in (True, False)
-        }
 
     def driver_statement(self, connection: Connection, keyed: bool) -> DriverStatement | None:
         """The enqueue statement as driver SQL for ``connection``, or None to use execute.
@@ -304,16 +307,59 @@ class Enqueuer:
         try:
             return self._driver[key]
         except KeyError:
-            found = driver_statement_for(self.statements[keyed], connection.dialect)
+            found = driver_statement_for(self.by_shape[keyed], connection.dialect)
             self._driver[key] = found
             return found
+
+    @cached_property
+    def bounded(self) -> BoundedStatements:
+        """The statements of a bounded enqueue (built on first use)."""
+        return BoundedStatements.build(self.tables)
+
+    @cached_property
+    def unique(self) -> UniqueStatements:
+        """The statements of a unique enqueue (built on first use)."""
+        return UniqueStatements.build(self.tables)
+
+
+class Enqueuer:
+    """Writes jobs of one queue's tables through the caller's Session or Connection.
+
+    It owns the :class:`EnqueueStatements` of the queue, one set per schema that a
+    connection's ``schema_translate_map`` moves the tables to, and ``defaults``, the lookup
+    of a task's :class:`TaskDefaults` (which also checks the name). Nothing here commits:
+    every write joins the caller's transaction.
+    """
+
+    def __init__(self, tables: QueueTables, *, notify: bool, defaults: DefaultsLookup) -> None:
+        self.tables = tables
+        self.notify = notify
+        self.defaults = defaults
+        self._plain = EnqueueStatements(tables, notify=notify)
+        self._translated: dict[QueueTables, EnqueueStatements] = {}
+
+    def statements_for(self, connection: Connection | AsyncConnection) -> EnqueueStatements:
+        """The statements for ``connection``: its tenant's, when its
+        ``schema_translate_map`` moves the queue's schema (a channel and lock names of the
+        tenant's own), else the queue's."""
+        translate = options_of(connection).get("schema_translate_map")
+        tables = self.tables.translated(translate) if translate else self.tables
+        if tables is self.tables:
+            return self._plain
+        found = self._translated.get(tables)
+        if found is None:
+            found = self._translated.setdefault(
+                tables, EnqueueStatements(tables, notify=self.notify)
+            )
+        return found
 
     def execute(self, connection: Connection, rows: str, keyed: bool) -> CursorResult[Any]:
         """Run the statement of shape ``keyed`` for ``rows`` on ``connection``."""
         params: EnqueueParams = {"rows": rows}
-        driver = self.driver_statement(connection, keyed)
+        statements = self.statements_for(connection)
+        driver = statements.driver_statement(connection, keyed)
         if driver is None:
-            return connection.execute(self.statements[keyed], params)
+            return connection.execute(statements.by_shape[keyed], params)
         return connection.exec_driver_sql(driver.text, driver.params(params))
 
     async def execute_async(
@@ -322,10 +368,11 @@ class Enqueuer:
         """Run the statement of shape ``keyed`` for one job's ``rows``; its id."""
         params: EnqueueParams = {"rows": rows}
         connection = await bind.connection() if isinstance(bind, AsyncSession) else bind
+        statements = self.statements_for(connection)
         sync = connection.sync_connection
-        driver = None if sync is None else self.driver_statement(sync, keyed)
+        driver = None if sync is None else statements.driver_statement(sync, keyed)
         if driver is None:
-            result = await connection.execute(self.statements[keyed], params)
+            result = await connection.execute(statements.by_shape[keyed], params)
         else:
             result = await connection.exec_driver_sql(driver.text, driver.params(params))
         return int(result.scalar_one())
@@ -384,7 +431,12 @@ class Enqueuer:
             return self.enqueue_bounded(session, specs, bounds, chunks)
         keyed = any(spec.options.queue_id is not None for spec in specs)
         params: list[EnqueueParams] = [{"rows": chunk} for chunk in chunks]
-        return scalars_each(session, self.statements[keyed], params)
+
+        def write(connection: Any) -> Any:
+            statement = self.statements_for(connection).by_shape[keyed]
+            return scalars_each(connection, statement, params)
+
+        return on_connection(session, write)
 
     def _noting_bounds(self, bounds: dict[str, int]) -> DefaultsLookup:
         """:attr:`defaults`, noting in ``bounds`` the ``max_pending`` of each bounded task."""
@@ -396,11 +448,6 @@ class Enqueuer:
             return found
 
         return lookup
-
-    @cached_property
-    def bounded_statements(self) -> BoundedStatements:
-        """The statements of a bounded enqueue (built on first use)."""
-        return BoundedStatements.build(self.tables)
 
     def enqueue_bounded(
         self,
@@ -418,23 +465,24 @@ class Enqueuer:
         """
         if chunks is None:
             chunks = prepare_rows(specs, self.defaults)
+        written = chunks
         keyed = any(spec.options.queue_id is not None for spec in specs)
-        statement = self.statements[keyed]
         need = Counter(spec.task for spec in specs if spec.task in bounds)
-        flow = bounded_flow(
-            _write_flow(statement, chunks),
-            statements=self.bounded_statements,
-            enqueue=statement,
-            bounds=bounds,
-            need=need,
-            wait=_wait_of(specs),
-        )
-        return run_flow(session, flow)
 
-    @cached_property
-    def unique_statements(self) -> UniqueStatements:
-        """The statements of a unique enqueue (built on first use)."""
-        return UniqueStatements.build(self.tables)
+        def write(connection: Any) -> Any:
+            statements = self.statements_for(connection)
+            statement = statements.by_shape[keyed]
+            flow = bounded_flow(
+                _write_flow(statement, written),
+                statements=statements.bounded,
+                enqueue=statement,
+                bounds=bounds,
+                need=need,
+                wait=_wait_of(specs),
+            )
+            return run_flow(connection, flow)
+
+        return on_connection(session, write)
 
     def enqueue_unique(
         self, session: AnyBind, specs: Sequence[JobSpec]
@@ -448,14 +496,29 @@ class Enqueuer:
         # Validate (names, arguments, option combinations) before any key is locked.
         bounds: dict[str, int] = {}
         prepare_rows(specs, self._noting_bounds(bounds))
+
+        def write(connection: Any) -> Any:
+            statements = self.statements_for(connection)
+            return run_flow(connection, self._unique_flow(statements, specs, keyed, bounds))
+
+        return on_connection(session, write)
+
+    def _unique_flow(
+        self,
+        statements: EnqueueStatements,
+        specs: Sequence[JobSpec],
+        keyed: bool,
+        bounds: Mapping[str, int],
+    ) -> Flow[list[int]]:
+        """The flow of a unique enqueue, within the bounds of the bounded tasks among it."""
+        enqueue = statements.by_shape[keyed]
         if not bounds:
-            flow = unique_enqueue_flow(
+            return unique_enqueue_flow(
                 specs,
-                statements=self.unique_statements,
-                enqueue=self.statements[keyed],
+                statements=statements.unique,
+                enqueue=enqueue,
                 prepare=lambda chosen: prepare_rows(chosen, self.defaults),
             )
-            return run_flow(session, flow)
         # A bounded task's lock comes first (it orders every enqueue of the task), then
         # its keys; the count waits until the unique flow knows which calls write a job:
         # one whose key is held writes nothing, so it needs no room.
@@ -466,20 +529,16 @@ class Enqueuer:
             return prepare_rows(chosen, self.defaults)
 
         inner = unique_enqueue_flow(
-            specs,
-            statements=self.unique_statements,
-            enqueue=self.statements[keyed],
-            prepare=prepare,
+            specs, statements=statements.unique, enqueue=enqueue, prepare=prepare
         )
-        flow = bounded_flow(
+        return bounded_flow(
             inner,
-            statements=self.bounded_statements,
-            enqueue=self.statements[keyed],
+            statements=statements.bounded,
+            enqueue=enqueue,
             bounds=bounds,
             need=need,
             wait=_wait_of(specs),
         )
-        return run_flow(session, flow)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,14 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
+from sqla_queue._binds import (
+    check_async_source,
+    check_source,
+    own_async_connection,
+    own_connection,
+    tables_for,
+)
+from sqla_queue._durations import format_duration
 from sqla_queue._sqlstate import LOCK_NOT_AVAILABLE, SERIALIZATION_FAILURE, sqlstate_of
 from sqla_queue.admin import check_job_ids
 from sqla_queue.core.times import check_delay
@@ -77,8 +85,10 @@ POLL_FIRST, POLL_MAX = 0.05, 1.0
 def cancel(source: Any, tables: QueueTables, job_ids: Iterable[int]) -> Any:
     """Cancel ``job_ids`` in a short transaction of its own; ``{id: CancelOutcome value}``.
 
-    ``source`` is what :func:`wait_for` takes (its engine is used; a coroutine for the
-    async kinds). Ids are checked before anything runs (whole numbers that fit ``bigint``).
+    ``source`` is what :func:`wait_for` takes (a connection of its engine is opened, with
+    its execution options, so a tenant's ``schema_translate_map`` cancels in the tenant's
+    schema; a coroutine for the async kinds). Ids are checked before anything runs (whole
+    numbers that fit ``bigint``).
 
     The cancel commits at once, on its own connection, rather than in the caller's
     transaction: it locks the executions it changes, and a worker must never wait for an
@@ -93,28 +103,31 @@ def cancel(source: Any, tables: QueueTables, job_ids: Iterable[int]) -> Any:
     ids = check_job_ids(job_ids)
     if is_async_source(source):
         return _cancel_async(source, tables, ids)
-    engine = _sync_engine(source, "queue.cancel")  # a wrong source raises, ids or not
     if not ids:
+        check_source(source, "queue.cancel")  # a wrong source raises, ids or not
         return {}
     try:
-        with engine.begin() as connection:
+        with own_connection(source, "queue.cancel") as connection, connection.begin():
             connection.exec_driver_sql(_lock_timeout_sql())
-            rows = connection.execute(cancel_statement(tables), _params(ids)).all()
+            statement = cancel_statement(tables_for(tables, connection))
+            rows = connection.execute(statement, _params(ids)).all()
     except DBAPIError as exc:
         raise _blocked(exc, ids) from exc
     return _cancel_outcomes(rows)
 
 
 async def _cancel_async(source: Any, tables: QueueTables, ids: list[int]) -> dict[int, str]:
-    engine = _async_engine(source)
-    if engine is None:
-        raise TypeError(f"queue.cancel: cannot open a connection from {source!r}")
     if not ids:
+        await check_async_source(source, "queue.cancel")
         return {}
     try:
-        async with engine.begin() as connection:
+        async with (
+            own_async_connection(source, "queue.cancel") as connection,
+            connection.begin(),
+        ):
             await connection.exec_driver_sql(_lock_timeout_sql())
-            rows = (await connection.execute(cancel_statement(tables), _params(ids))).all()
+            statement = cancel_statement(tables_for(tables, connection))
+            rows = (await connection.execute(statement, _params(ids))).all()
     except DBAPIError as exc:
         raise _blocked(exc, ids) from exc
     return _cancel_outcomes(rows)
@@ -182,6 +195,8 @@ def result_flow(
     queue's ``finished_channel``; without it, the reads back off from 50 ms to a second.
     """
     deadline = None if timeout is None else clock() + timeout
+    # How a timeout reads in its error ("30 s"); without a timeout there is no such error.
+    waited = "" if timeout is None else format_duration(timeout)
     params: JobParams = {"job_id": job_id}
     yield await_statement(tables), dict(params)
     poll = LISTEN_POLL if listening else POLL_FIRST
@@ -203,7 +218,7 @@ def result_flow(
             if left <= 0:
                 state = "running" if row.state == "running" else "queued"
                 raise ResultTimeoutError(
-                    f"job {job_id} did not finish within {timeout:g}s; it is still {state}",
+                    f"job {job_id} did not finish within {waited}; it is still {state}",
                     job_id=job_id,
                 )
             wait = min(wait, left)
@@ -223,42 +238,6 @@ def _settled(job_id: int, row: Any) -> Any:
         f"{last.get('type', 'error')}: {last.get('message', '')}" if last else "no error recorded"
     )
     raise JobFailedError(f"job {job_id} failed: {what}", job_id=job_id, error=last, errors=errors)
-
-
-def _sync_engine(source: Any, caller: str = "queue.result") -> Engine:
-    if isinstance(source, Engine):
-        return source
-    if isinstance(source, Connection):
-        return source.engine
-    if isinstance(source, Session):
-        found = source.get_bind()
-        return found if isinstance(found, Engine) else found.engine
-    if isinstance(source, sessionmaker):
-        bind = source.kw.get("bind")
-        if bind is not None:
-            return _sync_engine(bind, caller)
-    raise TypeError(
-        f"{caller} needs something to open a connection from: an Engine, Connection, "
-        f"Session or sessionmaker bound to an engine (or their async twins), got {source!r}"
-    )
-
-
-def _async_engine(source: Any) -> AsyncEngine | None:
-    if isinstance(source, AsyncEngine):
-        return source
-    if isinstance(source, AsyncConnection):
-        return source.engine
-    if isinstance(source, AsyncSession):
-        bind = source.bind
-        if isinstance(bind, AsyncEngine):
-            return bind
-        if isinstance(bind, AsyncConnection):
-            return bind.engine
-    if isinstance(source, async_sessionmaker):
-        bind = source.kw.get("bind")
-        if bind is not None:
-            return _async_engine(bind)
-    return None
 
 
 def is_async_source(source: object) -> bool:
@@ -286,10 +265,15 @@ def _moved_meanwhile(exc: DBAPIError) -> list[Any]:
 
 
 def wait_sync(source: Any, tables: QueueTables, job_id: int, timeout: float | None) -> Any:
-    """Drive :func:`result_flow` on a connection of ``source``'s engine, in AUTOCOMMIT."""
-    engine = _sync_engine(source)
-    with engine.connect() as opened:
+    """Drive :func:`result_flow` on a connection of ``source``'s engine, in AUTOCOMMIT.
+
+    The connection carries ``source``'s execution options (see
+    :func:`~sqla_queue._binds.own_connection`): a tenant's ``schema_translate_map`` reads
+    the tenant's job, and LISTENs on the tenant's channel.
+    """
+    with own_connection(source, "queue.result") as opened:
         connection = opened.execution_options(isolation_level="AUTOCOMMIT")
+        tables = tables_for(tables, connection)
         driver = connection.connection.driver_connection
         listening = hasattr(driver, "notifies")
         if listening:
@@ -330,11 +314,9 @@ def _notified_sync(driver: Any, job_id: int, seconds: float, listening: bool) ->
 
 async def wait_async(source: Any, tables: QueueTables, job_id: int, timeout: float | None) -> Any:
     """:func:`wait_sync` for the async kinds of ``source``."""
-    engine = _async_engine(source)
-    if engine is None:
-        raise TypeError(f"queue.result: cannot open a connection from {source!r}")
-    async with engine.connect() as opened:
+    async with own_async_connection(source, "queue.result") as opened:
         connection = await opened.execution_options(isolation_level="AUTOCOMMIT")
+        tables = tables_for(tables, connection)
         raw = await connection.get_raw_connection()
         driver = raw.driver_connection
         listening = hasattr(driver, "notifies")

@@ -24,6 +24,8 @@ from sqlalchemy.orm import Mapper, Relationship, foreign, relationship, remote
 from sqla_queue.core.payload import text_problem
 
 __all__ = [
+    "MAX_ABOUT_BYTES",
+    "MAX_ABOUT_TEXT",
     "AboutRef",
     "about_condition",
     "about_reference",
@@ -34,8 +36,12 @@ __all__ = [
 #: (table, key): what ``jobs.about_table`` and ``jobs.about_key`` hold for one row.
 AboutRef = tuple[str, str]
 
-#: The longest stored reference text (table or key): both are indexed together.
+#: The longest stored reference text (table or key), in characters.
 MAX_ABOUT_TEXT = 512
+#: The most UTF-8 bytes the table and the key may take together: they are one entry of the
+#: ``about_ix`` btree index, which PostgreSQL caps at 2,704 bytes with its headers
+#: (512 characters each could reach 4,096).
+MAX_ABOUT_BYTES = 2_600
 
 
 def _key_text(values: tuple[Any, ...]) -> str:
@@ -121,6 +127,13 @@ def _checked(table: str, key: str) -> AboutRef:
         problem = text_problem(text)
         if problem is not None:
             raise ValueError(f"about: the {what} {text[:60]!r} {problem}")
+    # Measured after text_problem: a lone surrogate, which UTF-8 cannot encode, is refused.
+    size = len(table.encode()) + len(key.encode())
+    if size > MAX_ABOUT_BYTES:
+        raise ValueError(
+            f"about: the table name and the primary key take {size} bytes of UTF-8 "
+            f"together; at most {MAX_ABOUT_BYTES} can be stored (they are indexed together)"
+        )
     return table, key
 
 

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from sqla_queue.admin import BIGINT_MAX, check_job_ids
+from sqla_queue.core.payload import text_problem
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements.listing import JOB_STATES, JobListingParams, job_listing_statement
 
@@ -63,6 +64,25 @@ def _check_limit(limit: object) -> int:
     return min(limit, BIGINT_MAX)
 
 
+def _text(option: str, value: object) -> str:
+    """``value`` if it is a filter text PostgreSQL can compare (a string without NUL or
+    lone surrogates); else ``TypeError`` or ``ValueError`` naming ``option``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{option}: expected a string, got {value!r}")
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValueError(f"{option} filter {value[:60]!r} {problem}")
+    return value
+
+
+def _texts(option: str, values: Iterable[str]) -> list[str]:
+    """Each of ``values`` checked by :func:`_text`; a lone string, which would be read
+    letter by letter, raises ``TypeError``."""
+    if isinstance(values, str | bytes):
+        raise TypeError(f"{option} must be a list of strings, got {values!r}")
+    return [_text(option, value) for value in values]
+
+
 def list_jobs(
     bind: Session | Connection,
     tables: QueueTables,
@@ -80,16 +100,20 @@ def list_jobs(
     ``tasks``: any of these task names. ``states``: any of these words of
     :data:`JOB_STATES` (``queued`` means every live state). ``key``: the job's
     ``unique_key`` or ``queue_id``. ``about_table`` (and ``about_key``): linked to a row of
-    that table (that row). ``ids``: one of these jobs. A wrong state, id or limit raises
-    ``ValueError`` before anything runs.
+    that table (that row). ``ids``: one of these jobs. A wrong state, id or limit, a
+    filter text PostgreSQL cannot compare (a NUL), or a lone string given for ``tasks``
+    or ``states`` raises ``TypeError`` or ``ValueError`` before anything runs.
     """
-    state_list = list(dict.fromkeys(states))
+    state_list = list(dict.fromkeys(_texts("states", states)))
     unknown = [s for s in state_list if s not in JOB_STATES]
     if unknown:
         raise ValueError(f"unknown job state {unknown[0]!r}; use one of {', '.join(JOB_STATES)}")
     if about_key is not None and about_table is None:
         raise ValueError("about_key needs about_table")
-    task_list = list(tasks)
+    task_list = _texts("tasks", tasks)
+    for option, value in (("key", key), ("about_table", about_table), ("about_key", about_key)):
+        if value is not None:
+            _text(option, value)
     id_list = check_job_ids(ids)
     params: JobListingParams = {"limit": _check_limit(limit)}
     if task_list:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import numbers
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -29,6 +30,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from sqla_queue._durations import format_duration
 from sqla_queue._identifiers import validate_task_name
 from sqla_queue.core.payload import check_storable, make_payload
 from sqla_queue.errors import InvalidIdentifierError
@@ -46,6 +48,7 @@ __all__ = [
     "Schedule",
     "ScheduleState",
     "TickPlan",
+    "check_timezone",
     "latest_tick",
     "next_tick",
     "plan_ticks",
@@ -69,6 +72,42 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 # One step of the tick grid: a whole number of microseconds, like a timedelta.
 _MICRO = dt.timedelta(microseconds=1)
 _CRON_FIELDS = 5
+
+
+# A zone's name as the IANA database spells it: "UTC", "Europe/Riga", "Etc/GMT+5",
+# "America/Argentina/Buenos_Aires". No dots, no leading slash: never a path.
+_IANA_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_+\-]*(?:/[A-Za-z0-9_+\-]+)*")
+# Files of a zone directory that load as zones but are none of the IANA zones: the host's
+# own setting ("localtime", "posixrules" follow whatever the machine is set to, so two
+# workers on two hosts would tick at different instants), a placeholder ("Factory"), and
+# the "posix/" and "right/" copies of the database ("right/" counts leap seconds).
+_HOST_ZONES = frozenset({"localtime", "posixrules", "Factory"})
+_COPIES = ("posix/", "right/")
+
+
+def check_timezone(name: object) -> ZoneInfo:
+    """The zone named ``name`` if it is an IANA zone name (``"UTC"``, ``"Europe/Riga"``).
+
+    Every worker must tick at the same instants, so a name whose meaning depends on the
+    host (``"localtime"``, ``"posixrules"``, a path) is refused, as are ``"Factory"`` and
+    the ``posix/`` and ``right/`` copies: ``TypeError`` for a non-string, ``ValueError``
+    naming the rule otherwise (also for a name this system's zone database lacks).
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"timezone must be an IANA zone name such as 'Europe/Riga', got {name!r}")
+    if not _IANA_NAME.fullmatch(name) or name in _HOST_ZONES or name.startswith(_COPIES):
+        raise ValueError(
+            f"timezone {name!r} is not an IANA zone name: give one such as 'UTC', "
+            "'Europe/Riga' or 'America/New_York' (not a path, nor a host's own zone such "
+            "as 'localtime', which differs from one machine to the next)"
+        )
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f"unknown timezone {name!r}: give an IANA zone name such as "
+            f"'UTC', 'Europe/Riga' or 'America/New_York'"
+        ) from None
 
 
 def _utc(value: dt.datetime, what: str) -> dt.datetime:
@@ -125,10 +164,7 @@ class Schedule:
                 f"schedule {self.name!r} needs exactly one of a cron expression "
                 f'("*/5 * * * *") or every=timedelta(...)'
             )
-        if not isinstance(self.timezone, str) or not self.timezone:
-            raise TypeError(
-                f"timezone must be an IANA zone name such as 'Europe/Riga', got {self.timezone!r}"
-            )
+        check_timezone(self.timezone)
         if self.every is not None:
             self._check_every(self.every)
         else:
@@ -196,20 +232,15 @@ class Schedule:
 
     @property
     def zone(self) -> ZoneInfo:
-        """The schedule's time zone (``ValueError`` for a name the system does not know)."""
-        try:
-            return ZoneInfo(self.timezone)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(
-                f"unknown timezone {self.timezone!r}: give an IANA zone name such as "
-                f"'UTC', 'Europe/Riga' or 'America/New_York'"
-            ) from None
+        """The schedule's time zone (checked by :func:`check_timezone`)."""
+        return check_timezone(self.timezone)
 
     @property
     def describe(self) -> str:
-        """The schedule as a person reads it: ``*/5 * * * * (Europe/Riga)`` or ``every 0:00:01``."""
+        """The schedule as a person reads it: ``*/5 * * * * (Europe/Riga)``, ``every 1 s``
+        or ``every 1 h 30 min``."""
         if self.every is not None:
-            return f"every {self.every}"
+            return f"every {format_duration(self.every)}"
         return f"{self.cron} ({self.timezone})"
 
 
@@ -394,7 +425,7 @@ class ScheduleState:
 
     name: str
     task: str
-    #: ``*/5 * * * * (UTC)`` or ``every 0:00:30``.
+    #: ``*/5 * * * * (UTC)`` or ``every 30 s``.
     schedule: str
     catch_up: str
     #: The latest tick enqueued (or passed over); None before any worker stored the row.

@@ -763,21 +763,29 @@ class Queue:
         verify_schema(connection, self.tables)
 
     @overload
-    def requeue(self, session: Session | Connection, job_ids: Iterable[int]) -> list[int]: ...
+    def requeue(
+        self, session: Session | Connection, job_ids: Iterable[int]
+    ) -> admin.RequeueReport: ...
 
     @overload
     def requeue(
         self, session: AsyncSession | AsyncConnection, job_ids: Iterable[int]
-    ) -> Coroutine[Any, Any, list[int]]: ...
+    ) -> Coroutine[Any, Any, admin.RequeueReport]: ...
 
     def requeue(
         self, session: Bind, job_ids: Iterable[int]
-    ) -> list[int] | Coroutine[Any, Any, list[int]]:
+    ) -> admin.RequeueReport | Coroutine[Any, Any, admin.RequeueReport]:
         """Put failed or cancelled jobs back in the queue; returns the ids requeued.
 
         Attempts start over; the error history is kept. Jobs in any other state are left
         alone. Runs in ``session``'s transaction: commit it for the jobs to run. An id that
         is not a whole number, or is beyond ``bigint``, raises before anything is executed.
+
+        A unique job takes its key again, as an enqueue would; while another job holds
+        it, the job is left as it is. A keyed job (``queue_id``) goes back in line behind
+        its key's queued jobs. The answer is a :class:`~sqla_queue.admin.RequeueReport`:
+        the list of ids requeued, whose ``refused`` attribute names each job left alone
+        for its unique key, with the reason (``held_by``: the job holding the key).
         """
         return admin.requeue(session, self.tables, job_ids)
 
@@ -859,9 +867,11 @@ class Queue:
         ``source`` is what a connection can be opened from, as for :meth:`result`: an
         ``Engine``, ``Session``, ``Connection`` or ``sessionmaker`` (a dict is returned), or
         an async twin (a coroutine of it). The cancel commits at once, in a short
-        transaction of its own, not in the caller's: it locks the executions it changes,
-        and a worker must never wait on an application's open transaction. A job enqueued
-        in a transaction that has not committed yet is ``"not_found"``. It waits for a
+        transaction of its own, not in the caller's, on a connection that carries the
+        caller's execution options (a ``schema_translate_map`` cancels in the tenant it
+        chooses): it locks the executions it changes, and a worker must never wait on an
+        application's open transaction. A job enqueued in a transaction that has not
+        committed yet is ``"not_found"``. It waits for a
         transaction that holds those jobs' rows (a claim, a completion), at most 10 seconds:
         called from one of your own that has locked or updated them, it would wait for
         itself, and raises :class:`~sqla_queue.CancelBlockedError` instead, having changed
@@ -877,10 +887,12 @@ class Queue:
         """Wait for job ``job_id`` to finish and return its handler's return value.
 
         ``source`` is what a connection can be opened from: an ``Engine``, a ``Session``
-        or ``Connection`` (their engine is used, not their transaction, which would never
-        see the job finish), a ``sessionmaker``, or the async twin of any of these, for
-        which this returns a coroutine. The wait LISTENs for the job's completion (and
-        polls every few seconds besides); it never spins.
+        or ``Connection`` (a new connection of their engine is used, not their
+        transaction, which would never see the job finish; it carries their execution
+        options, so a ``schema_translate_map`` reads the tenant it chooses), a
+        ``sessionmaker``, or the async twin of any of these, for which this returns a
+        coroutine. The wait LISTENs for the job's completion (and polls every few seconds
+        besides); it never spins.
 
         Raises :class:`~sqla_queue.JobFailedError` (with the job's last error) if the job
         failed, :class:`~sqla_queue.JobCancelledError` if it was cancelled,
@@ -930,17 +942,19 @@ class Queue:
         ``limit`` is a whole number from 1 to 2,147,483,647, else :class:`ValueError`. A
         limit is stored only for a task registered or declared (:meth:`declare_task`) on
         this queue, else :class:`~sqla_queue.UnknownTaskError` lists the known ones: a typo
-        would store a limit that no worker reads. Removing one (``None``) takes any valid
-        name, so a stored limit of a task that is gone can be cleared.
+        would store a limit that no worker reads. Removing one (``None``) also takes a task
+        that is gone but still has a stored limit, so that it can be cleared; any other
+        name raises, and nothing is written.
         """
         admin.check_limit(limit)
         if limit is None:
-            validate_task_name(task)
+            self._known_for(
+                "remove a concurrency limit",
+                task,
+                stored=lambda: admin.stored_limits(session, self.tables),
+            )
         else:
-            try:
-                self._defaults_for(task)
-            except UnknownTaskError as exc:
-                raise UnknownTaskError(f"cannot store a concurrency limit: {exc}") from None
+            self._known_for("store a concurrency limit", task)
         admin.set_limit(session, self.tables, task, limit)
 
     def limits(self, session: Session | Connection) -> dict[str, TaskLimit]:
@@ -965,8 +979,17 @@ class Queue:
 
     def resume(self, session: Session | Connection, task: str) -> None:
         """Undo :meth:`pause`: workers claim ``task`` again within their maintenance
-        interval. Any valid name is accepted, so a task that is gone can be resumed."""
-        validate_task_name(task)
+        interval. Runs in ``session``'s transaction.
+
+        ``task`` is registered or declared on this queue, or a task that is gone but is
+        still stored as paused (so that it can be cleared); any other name raises
+        :class:`~sqla_queue.UnknownTaskError`, as :meth:`pause` does, and writes nothing.
+        """
+        self._known_for(
+            "resume",
+            task,
+            stored=lambda: [c.task for c in stored_controls(session, self.tables) if c.paused],
+        )
         set_paused(session, self.tables, task, False)
 
     def set_rate_limit(
@@ -984,9 +1007,21 @@ class Queue:
         workers. It combines with a concurrency limit. Runs in ``session``'s transaction; a
         new or removed limit reaches running workers within their maintenance interval (5 s
         by default), a changed one applies at the next claim.
+
+        ``task`` is registered or declared on this queue, else
+        :class:`~sqla_queue.UnknownTaskError`, and nothing is written. Removing a limit
+        (``None``) also takes a task that is gone but still has a stored rate limit.
         """
         if max_starts is None:
-            validate_task_name(task)
+            self._known_for(
+                "remove a rate limit",
+                task,
+                stored=lambda: [
+                    c.task
+                    for c in stored_controls(session, self.tables)
+                    if c.rate_limit is not None
+                ],
+            )
             set_rate_limit(session, self.tables, task, None)
             return
         checked = RateLimit(*check_rate_limit(max_starts, per))
@@ -1032,11 +1067,25 @@ class Queue:
 
         return create_dashboard(self, bind, auth=auth, **options)
 
-    def _known_for(self, doing: str, task: str) -> None:
+    def _known_for(
+        self, doing: str, task: str, *, stored: Callable[[], Iterable[str]] | None = None
+    ) -> None:
+        """Refuse ``task`` for an operator's write unless this queue registers or declares
+        it: a typo would store a setting that no worker reads, and show a task that does
+        not exist. Every such write checks here, before it writes anything.
+
+        ``stored`` (given by an undo: resume, removing a limit) reads the tasks that have
+        something stored to undo: one of them is accepted too, so that what a task that is
+        gone left behind can be cleared. An invalid name raises
+        :class:`~sqla_queue.InvalidIdentifierError` before anything is read.
+        """
         try:
             self._defaults_for(task)
         except UnknownTaskError as exc:
-            raise UnknownTaskError(f"cannot {doing}: {exc}") from None
+            if stored is not None and task in stored():
+                return
+            nothing = "" if stored is None else "; nothing is stored for it to undo either"
+            raise UnknownTaskError(f"cannot {doing}: {exc}{nothing}") from None
 
     def worker_plan(self, tasks: Sequence[str] | None = None) -> WorkerPlan:
         """What a worker serving ``tasks`` (default: every registered task) needs, resolved.

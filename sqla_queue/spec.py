@@ -31,6 +31,8 @@ from sqla_queue.links import AboutRef, about_reference
 __all__ = [
     "INT4_MAX",
     "INT4_MIN",
+    "INT8_MAX",
+    "INT8_MIN",
     "MAX_QUEUE_ID",
     "MAX_WAIT_IF_FULL",
     "ON_DUPLICATE",
@@ -52,6 +54,9 @@ __all__ = [
 #: The range of a PostgreSQL ``integer`` column (priority, max_attempts, reclaims, ...).
 INT4_MIN = -(2**31)
 INT4_MAX = 2**31 - 1
+#: The range of a PostgreSQL ``bigint`` (job ids, and the ``LIMIT`` of a statement).
+INT8_MIN = -(2**63)
+INT8_MAX = 2**63 - 1
 
 #: The longest ``queue_id``, in characters: the key is indexed, and a PostgreSQL btree
 #: entry must stay under 2,704 bytes (512 characters are at most 2,048 bytes of UTF-8).
@@ -62,21 +67,29 @@ def _described(value: object) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
-def check_whole_number(option: str, value: object, low: int, high: int = INT4_MAX) -> int:
+def check_whole_number(option: str, value: object, low: int, high: int | None = INT4_MAX) -> int:
     """``value`` as an ``int`` if it is a whole number from ``low`` to ``high``, else raise.
 
-    ``TypeError`` for anything but an integer (``True`` and ``2.0`` included);
-    ``ValueError`` outside the range. Both messages name ``option`` and the rule.
+    ``TypeError`` for anything but an integer (``True``, ``2.0`` and ``Decimal("2.9")``
+    included); ``ValueError`` outside the range (``high=None``: no upper bound, for a
+    number that never reaches SQL). Both messages name ``option`` and the rule.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{option} must be a whole number (int), got {_described(value)}")
     number = int(value)
-    if number < low and high == INT4_MAX:
+    if number < low and high in (INT4_MAX, None):
         raise ValueError(f"{option} must be at least {low}, got {number}")
-    if not low <= number <= high:
-        why = " (it is stored as a PostgreSQL integer)" if high == INT4_MAX else ""
+    if high is not None and not low <= number <= high:
+        why = _STORED_AS.get(high, "")
         raise ValueError(f"{option} must be from {low} to {high}{why}, got {number}")
     return number
+
+
+# Why a bound is what it is, for the messages of check_whole_number.
+_STORED_AS = {
+    INT4_MAX: " (it is stored as a PostgreSQL integer)",
+    INT8_MAX: " (it is a PostgreSQL bigint)",
+}
 
 
 def check_key_text(option: str, value: object) -> str:

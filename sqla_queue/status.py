@@ -44,7 +44,9 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
+from sqla_queue.core.times import check_seconds
 from sqla_queue.models.tables import QueueTables
+from sqla_queue.spec import INT8_MAX, check_whole_number
 from sqla_queue.statements.planner import planner_guard
 from sqla_queue.statements.status import (
     LiveWorkersParams,
@@ -60,6 +62,7 @@ __all__ = [
     "DEFAULT_SCAN_CAP",
     "FAILED_WINDOW",
     "LIVE_WITHIN",
+    "MAX_LIVE_WITHIN",
     "QueueStatus",
     "TaskStatus",
     "WorkerStatus",
@@ -73,6 +76,8 @@ DEFAULT_SCAN_CAP = 100_000
 #: A worker whose last beat is older than this many seconds is not shown (it is presumed
 #: dead; the next beat of any live worker deletes its row). Matches the registry's expiry.
 LIVE_WITHIN = 60.0
+#: The longest ``live_within`` (a year): the database subtracts it from its clock.
+MAX_LIVE_WITHIN = 365 * 86_400.0
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -254,16 +259,23 @@ def read_status(
     *,
     tasks: Iterable[str] = (),
     declared_limits: Mapping[str, int] | None = None,
-    live_within: float = LIVE_WITHIN,
+    live_within: float | dt.timedelta = LIVE_WITHIN,
     scan_cap: int = DEFAULT_SCAN_CAP,
 ) -> QueueStatus:
     """Read the queue's status through ``bind`` (in its transaction; nothing is written).
 
     ``tasks`` are listed even when they have nothing to show (the queue's registered
     tasks); ``declared_limits`` are the limits declared in code, which a stored limit
-    overrides. Workers seen within ``live_within`` seconds are listed. Each window over
-    ``jobs`` reads at most ``scan_cap`` rows.
+    overrides. Workers seen within ``live_within`` seconds (at most
+    :data:`MAX_LIVE_WITHIN`) are listed. Each window over ``jobs`` reads at most
+    ``scan_cap`` rows: a whole number from 1 to the largest ``bigint`` (it is the SQL
+    ``LIMIT``). A value out of its range raises ``TypeError`` or ``ValueError`` naming
+    it, before anything is read.
     """
+    scan_cap = check_whole_number("scan_cap", scan_cap, 1, INT8_MAX)
+    live_within = check_seconds(
+        "live_within", live_within, maximum=MAX_LIVE_WITHIN, positive=True, timedelta=True
+    )
     connection = bind.connection() if isinstance(bind, Session) else bind
     now: dt.datetime = connection.execute(select(func.now())).scalar_one()
     counts = {row.task: row for row in connection.execute(execution_counts_statement(tables))}

@@ -3,6 +3,21 @@
 The server comes from ``$SQLA_QUEUE_TEST_URL``, else the local server on 127.0.0.1:5432,
 else an embedded one (pgserver). The template holds the test app's tables and the queue's
 schema; cloning it is much faster than running DDL per test.
+
+Connections (see tests/support/connections.py). The server accepts 100 connections, shared
+by every test process (each pytest-xdist worker, or the one process of ``-n 0``), the
+worker processes and PgBouncers their tests start, and the samplers. So each test has a
+budget of connections its process may hold at once, counting those of the processes it
+starts: ``$SQLA_QUEUE_TEST_CONNECTION_BUDGET`` (25 by default; 0: none), ``PROCESSES_BUDGET``
+(45) for a test of the "processes" group below (one at a time, on one process), or its
+``@pytest.mark.connection_budget(n)``. A test that goes over it fails at teardown, named,
+with the peak it reached; and while its process is over it, no engine of that process
+opens another connection (``OverBudgetError``), so the test fails by name instead of
+starving the other processes' tests ("sorry, too many clients already"). Two processes
+(``-n auto`` on two cores) hold at most 25 + 45 = 70; the report header warns when the
+budgets of more processes add up to more than 80% of what the server accepts.
+``--measure-connections`` (or ``$SQLA_QUEUE_TEST_MEASURE_CONNECTIONS=1``) samples the run's
+connections every 100 ms and prints their peak, each process's, and the heaviest tests.
 """
 
 from __future__ import annotations
@@ -23,8 +38,14 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
-from sqla_queue.testing.databases import DatabaseFactory, resolve_test_admin_url
+from sqla_queue.testing.databases import (
+    DatabaseFactory,
+    resolve_test_admin_url,
+    shared_test_server_url,
+)
+from tests.support import connections
 from tests.support.app import Base, queue
 from tests.support.grants import GuideRoles, grant_test_roles
 from tests.support.pgbouncer import ENGINE_OPTIONS, PgBouncer, pgbouncer_or_skip, through_pgbouncer
@@ -54,6 +75,8 @@ _GROUPS = {
             "test_rate_limit_stress.py",
             "test_history_stress.py",
             "test_multihost.py",
+            # tests/integration has a test_key_order.py of its own, in one process.
+            "acceptance/test_key_order.py",
         ),
         "processes",
     ),
@@ -65,11 +88,263 @@ _GROUPS = {
 }
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--measure-connections``: print the run's peak number of connections at the end."""
+    parser.addoption(
+        "--measure-connections",
+        action="store_true",
+        default=False,
+        help=(
+            "sample the run's connections to the test server every 100 ms and print the "
+            f"peak (also ${connections.MEASURE_ENV}=1)"
+        ),
+    )
+
+
+#: The budget of a test of the "processes" group (above), which starts several worker
+#: processes by design: with ``--dist loadgroup`` one such test runs at a time, so a run of
+#: two test processes holds at most this plus one default budget (25): 70 of 100.
+PROCESSES_BUDGET = 45
+
+
+def _budget_of(item: pytest.Item) -> int:
+    """The connections ``item``'s process may hold while it runs (0: no budget)."""
+    default = connections.budget()
+    if default == 0:
+        return 0
+    marker = item.get_closest_marker("connection_budget")
+    if marker is not None:
+        return int(marker.args[0])
+    if _group_of(item) == "processes":
+        return max(default, PROCESSES_BUDGET)
+    return default
+
+
+class _Connections:
+    """This process's samplers: the run's (when measuring) and its own budget's."""
+
+    run: connections.ConnectionSampler | None = None
+    run_note: str | None = None
+    budget: connections.ConnectionSampler | None = None
+    current_test: str | None = None
+    current_budget: int = 0
+    #: Each test process's own peak and heaviest test: (peak, test id, its peak).
+    processes: dict[str, tuple[int, str | None, int]] = {}
+    #: The peak of each test of this process (of every process, in the xdist controller).
+    tests: dict[str, int] = {}
+
+
+def _measuring(config: pytest.Config) -> bool:
+    flag = os.environ.get(connections.MEASURE_ENV, "").strip().lower()
+    return bool(config.getoption("--measure-connections")) or flag in ("1", "true", "yes")
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    return config.pluginmanager.has_plugin("dsession")
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tag this process's connections, and gate the opening of new ones on its budget."""
+    connections.budget()  # a malformed $SQLA_QUEUE_TEST_CONNECTION_BUDGET fails at once
+    # Before xdist starts its workers, which inherit both (as do the processes tests start).
+    os.environ["PGAPPNAME"] = connections.process_tag()
+    if not _is_xdist_controller(config):
+        from sqlalchemy import event
+
+        if not event.contains(Engine, "do_connect", _refuse_over_budget):
+            event.listen(Engine, "do_connect", _refuse_over_budget)
+
+
+def _refuse_over_budget(*_: Any) -> None:
+    """Before an engine connects: refuse while this process is over its budget."""
+    sampler, limit = _Connections.budget, _Connections.current_budget
+    if sampler is None or limit == 0 or sampler.last_count() < limit:
+        return
+    sampler.sample_now()  # the latest count may be up to 100 ms old
+    held = sampler.last_count()
+    if held >= limit:
+        raise connections.OverBudgetError(
+            f"{_Connections.current_test or 'this test'} holds {held} connections to the test "
+            f"server, its test process's budget (${connections.BUDGET_ENV}={limit}); "
+            "it may not open another"
+        )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Start the run's sampler (measuring: in the xdist controller or the one process)."""
+    config = session.config
+    if not _measuring(config) or _is_xdist_worker(config):
+        return
+    url = shared_test_server_url()
+    if url is None:
+        _Connections.run_note = (
+            "not measured: the processes use embedded servers of their own, not one shared"
+        )
+        return
+    _Connections.run = connections.ConnectionSampler.started(url, connections.process_scope())
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """The connection budgets, and a warning when the run's could exceed the server's."""
+    limit = connections.budget()
+    if limit == 0 or _is_xdist_worker(config):
+        return None
+    processes = max(int(getattr(config.option, "numprocesses", 0) or 0), 1)
+    worst = limit * (processes - 1) + max(limit, PROCESSES_BUDGET)
+    line = (
+        f"connection budget: {limit} per test process ({PROCESSES_BUDGET} in a test of the "
+        f"processes group), {processes} process(es): at most {worst} at once"
+    )
+    usable = _usable_connections()
+    if usable is not None and worst > usable * 0.8:
+        line += (
+            f"; WARNING: more than 80% of the {usable} connections the server accepts: use "
+            "fewer test processes (-n) or a smaller budget, or tests may fail with 'sorry, "
+            "too many clients already'"
+        )
+    return line
+
+
+def _usable_connections() -> int | None:
+    """``max_connections`` less the superusers' reserve, on a server all processes share."""
+    url = shared_test_server_url()
+    if url is None:
+        return None
+    eng = create_engine(url, poolclass=NullPool)
+    try:
+        with eng.connect() as connection:
+            return int(
+                connection.scalar(
+                    text(
+                        "select current_setting('max_connections')::int "
+                        "- current_setting('superuser_reserved_connections')::int"
+                    )
+                )
+                or 0
+            )
+    except Exception:
+        return None
+    finally:
+        eng.dispose()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the samplers; an xdist worker hands its peaks to the controller."""
+    budget = _Connections.budget
+    if budget is not None:
+        peaks = budget.peaks()
+        mine = (peaks.own, peaks.worst_test[1], peaks.worst_test[0])
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:
+            workeroutput["sqlaq_connections"] = mine
+            workeroutput["sqlaq_test_connections"] = _heaviest(_Connections.tests)
+        else:
+            _Connections.processes["main"] = mine
+    for sampler in (_Connections.run, budget):
+        if sampler is not None:
+            sampler.stop()
+
+
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """The xdist controller keeps each worker's connection peaks for the summary."""
+    output = getattr(node, "workeroutput", {})
+    if output.get("sqlaq_connections") is not None:
+        _Connections.processes[node.gateway.id] = tuple(output["sqlaq_connections"])
+    _Connections.tests.update(output.get("sqlaq_test_connections", {}))
+
+
+def _heaviest(peaks: dict[str, int], count: int = 10) -> dict[str, int]:
+    """The ``count`` tests with the most connections at once."""
+    return dict(sorted(peaks.items(), key=lambda item: -item[1])[:count])
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Measuring: the run's peak connections, the server's, and each process's budget."""
+    if not _measuring(config) or _is_xdist_worker(config):
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("connections to the test server")
+    if _Connections.run is None:
+        write(_Connections.run_note or "not measured")
+        return
+    peaks = _Connections.run.peaks()
+    processes = max(int(getattr(config.option, "numprocesses", 0) or 0), 1)
+    limit = connections.budget()
+    write(
+        f"this run's peak: {peaks.own} connections at once (all its test processes, the "
+        "worker processes and PgBouncers their tests start)"
+    )
+    for name, (peak, test, test_peak) in sorted(_Connections.processes.items()):
+        write(f"  test process {name}: peak {peak}; heaviest test {test} ({test_peak})")
+    for test, peak in _heaviest(_Connections.tests).items():
+        write(f"  {peak:4d}  {test}")
+    write(
+        f"the server's peak: {peaks.total} of {peaks.limit} usable (other clients included); "
+        f"{peaks.samples} samples every {connections.SAMPLE_INTERVAL * 1000:.0f} ms"
+    )
+    if limit:
+        worst = limit * (processes - 1) + max(limit, PROCESSES_BUDGET)
+        write(
+            f"budget: {limit} per test process ({PROCESSES_BUDGET} in a test of the processes "
+            f"group), {processes} process(es): at most {worst}"
+        )
+    else:
+        write(f"budget: none (${connections.BUDGET_ENV}=0)")
+    for error in peaks.errors[:3]:
+        write(f"sampling failed: {error}")
+
+
+def _start_budget(admin_url: str) -> None:
+    """Start this process's budget sampler, once, on the server the tests use."""
+    if _Connections.budget is None:
+        sampler = connections.ConnectionSampler.started(admin_url, connections.process_scope())
+        if _Connections.current_test is not None:
+            sampler.begin_test(_Connections.current_test)
+        _Connections.budget = sampler
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Count each test's connections from its set-up on."""
+    _Connections.current_test = item.nodeid
+    _Connections.current_budget = _budget_of(item)
+    if _Connections.budget is not None:
+        _Connections.budget.begin_test(item.nodeid)
+
+
+def _over_budget(item: pytest.Item) -> str | None:
+    """Why ``item`` broke its process's budget, or None (called at its teardown)."""
+    sampler = _Connections.budget
+    _Connections.current_test = None
+    if sampler is None:
+        return None
+    peak, limit = sampler.end_test(), _budget_of(item)
+    _Connections.tests[item.nodeid] = peak
+    if limit == 0 or peak <= limit:
+        return None
+    return (
+        f"{item.nodeid} held {peak} connections to the test server at once, over its "
+        f"budget of {limit} (${connections.BUDGET_ENV}, PROCESSES_BUDGET and the "
+        "connection_budget marker: tests/conftest.py): use "
+        "smaller pools (or NullPool), fewer worker processes, or dispose of engines sooner"
+    )
+
+
+def _group_of(item: pytest.Item) -> str | None:
+    """``item``'s group in ``_GROUPS``: by ``directory/file`` name, else by file name."""
+    path = item.path
+    return _GROUPS.get(f"{path.parent.name}/{path.name}", _GROUPS.get(path.name))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Put each test in its xdist group (a no-op without ``-n``)."""
     for item in items:
-        group = _GROUPS.get(item.path.name)
+        group = _group_of(item)
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
 
@@ -94,9 +369,15 @@ def _in_ci() -> bool:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """Under CI, turn the skip of a component test into a failure that says why."""
+    """Under CI, turn the skip of a component test into a failure that says why; fail at
+    teardown a test that went over its process's connection budget."""
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
+    if call.when == "teardown":
+        why = _over_budget(item)
+        if why is not None and report.passed:
+            report.outcome = "failed"
+            report.longrepr = why
     if report.skipped and _in_ci() and item.path.name in _COMPONENT_MODULES:
         report.outcome = "failed"
         report.longrepr = f"skipped under CI, where its component must be there: {report.longrepr}"
@@ -137,20 +418,22 @@ def _setup_template(engine: Engine) -> None:
 
 @pytest.fixture(scope="session")
 def admin_url() -> str:
-    """URL of a maintenance database on the test server."""
-    return resolve_test_admin_url()
+    """URL of a maintenance database on the test server (its connection budget starts)."""
+    url = resolve_test_admin_url()
+    _start_budget(url)
+    return url
 
 
 @pytest.fixture(scope="session")
 def db_factory(admin_url: str) -> DatabaseFactory:
-    """Creates and drops the per-test databases."""
-    return DatabaseFactory(admin_url)
+    """Creates and drops the per-test databases (named after this process's tag)."""
+    return DatabaseFactory(admin_url, name_prefix=connections.database_prefix())
 
 
 @pytest.fixture(scope="session")
 def template_db(db_factory: DatabaseFactory) -> Iterator[str]:
     """A template database with the test app's schema, built once per session."""
-    name = db_factory.create_template(f"sqlaq_tpl_{os.getpid()}", _setup_template)
+    name = db_factory.create_template(f"{connections.database_prefix()}_tpl", _setup_template)
     yield name
     db_factory.drop_template(name)
 

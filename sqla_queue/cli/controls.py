@@ -6,12 +6,18 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from sqla_queue.cli.render import TASK_WIDTH, Column, print_table, say
+
+if TYPE_CHECKING:
+    from sqla_queue.controls import RateLimit
 
 __all__ = [
     "PAUSE_HELP",
     "RATE_LIMIT_HELP",
     "add_control_parsers",
+    "format_rate",
     "parse_rate",
     "run_pause",
     "run_rate_limit",
@@ -29,12 +35,15 @@ exit status:
   2  a usage error, or a task the queue does not know (nothing was done)"""
 
 RESUME_HELP = """\
-Resume a paused task: workers claim it again within their maintenance interval.
+Resume a paused task: workers claim it again within their maintenance interval. The task
+is one the queue knows, or one that is gone but still stored as paused (so that its pause
+can be cleared).
 
 exit status:
   0  the task is not paused
   1  the database could not be reached or refused the command
-  2  a usage error (nothing was done)"""
+  2  a usage error, or a task the queue does not know and that is not paused
+     (nothing was done)"""
 
 RATE_LIMIT_HELP = """\
 List, set or unset per-task rate limits: at most N starts in any window of a period,
@@ -50,6 +59,19 @@ exit status:
 
 _RATE = re.compile(r"^(?P<count>\d+)/(?P<amount>\d+(?:\.\d+)?)?(?P<unit>[smhd])$")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def format_rate(max_starts: int, per_seconds: float) -> str:
+    """A rate as ``rate-limit set`` takes it: ``50/s``, ``100/10s``, ``1000/h``, ``5/7d``.
+
+    The period in the largest unit that it is a whole number of (``3600`` seconds is
+    ``h``), its count left out when it is 1.
+    """
+    for unit, size in reversed(_UNITS.items()):
+        amount = per_seconds / size
+        if amount >= 1 and amount == int(amount):
+            return f"{max_starts}/{'' if amount == 1 else int(amount)}{unit}"
+    return f"{max_starts}/{per_seconds:g}s"
 
 
 def parse_rate(text: str) -> tuple[int, float]:
@@ -89,6 +111,7 @@ def add_control_parsers(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def _set_paused(args: argparse.Namespace, paused: bool) -> int:
+    from sqla_queue.cli.loading import CliError
     from sqla_queue.cli.main import EXIT_OK, _engine, _print_json, _target
 
     queue, url = _target(args)
@@ -99,12 +122,14 @@ def _set_paused(args: argparse.Namespace, paused: bool) -> int:
                 queue.pause(connection, args.task)
             else:
                 queue.resume(connection, args.task)
+    except (TypeError, ValueError) as exc:  # refused before anything was written
+        raise CliError(str(exc)) from None
     finally:
         engine.dispose()
     if args.json:
         _print_json({"task": args.task, "paused": paused})
     else:
-        print(f"{args.task}: {'paused' if paused else 'resumed'}")
+        say(f"{args.task}: {'paused' if paused else 'resumed'}")
     return EXIT_OK
 
 
@@ -133,9 +158,6 @@ def _rate_words(words: Sequence[str]) -> tuple[str, str, tuple[int, float] | Non
 
 def run_rate_limit(args: argparse.Namespace) -> int:
     """Run ``sqla-queue rate-limit``: list, set or unset; returns the exit status."""
-    from rich.console import Console
-    from rich.table import Table
-
     from sqla_queue.cli.loading import CliError
     from sqla_queue.cli.main import EXIT_OK, _engine, _print_json, _target
 
@@ -157,11 +179,13 @@ def run_rate_limit(args: argparse.Namespace) -> int:
     limited = {name: c for name, c in controls.items() if c.rate_limit is not None}
     if action != "list":
         now = limited.get(task)
-        shown = str(now.rate_limit) if now is not None else None
+        rate_limit = now.rate_limit if now is not None else None
+        shown = str(rate_limit) if rate_limit is not None else None
         if args.json:
             _print_json({"task": task, "rate_limit": shown})
         else:
-            print(f"{task}: rate limit now {shown or 'none'}")
+            readable = _shown_rate(rate_limit) if rate_limit is not None else "none"
+            say(f"{task}: rate limit now {readable}")
         return EXIT_OK
     if args.json:
         _print_json(
@@ -177,8 +201,21 @@ def run_rate_limit(args: argparse.Namespace) -> int:
             ]
         )
         return EXIT_OK
-    table = Table("task", "rate limit", "paused")
-    for name, c in limited.items():
-        table.add_row(name, str(c.rate_limit), "yes" if c.paused else "no")
-    Console().print(table if limited else "no rate limits")
+    rows = [
+        (name, _shown_rate(c.rate_limit), "yes" if c.paused else "no")
+        for name, c in limited.items()
+        if c.rate_limit is not None
+    ]
+    print_table(_RATE_COLUMNS, rows, empty="no rate limits")
     return EXIT_OK
+
+
+_RATE_COLUMNS = (
+    Column("task", least=TASK_WIDTH),
+    Column("rate limit", right=True),
+    Column("paused"),
+)
+
+
+def _shown_rate(rate: RateLimit) -> str:
+    return format_rate(rate.max_starts, rate.per_seconds)

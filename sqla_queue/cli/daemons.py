@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
+
+from sqla_queue.cli.render import TASK_WIDTH, Cell, Column, format_time, print_table
 
 __all__ = ["DAEMONS_HELP", "add_daemons_parser", "run_daemons"]
 
@@ -18,8 +21,13 @@ within a quarter of its lost interval. A row appears once a worker has supervise
 daemon; a daemon that the code registers but no worker has run yet is listed as never
 started. Rows of instances above a daemon's current count are listed as unregistered.
 
-Times are this machine's local time, to the second; --json gives them in ISO 8601 with
-their UTC offset."""
+Times are UTC, to the second; --json gives them in ISO 8601 with their UTC offset. In a
+narrow terminal the columns give way, started and lease until first.
+
+exit status:
+  0  printed (also when there are no daemons)
+  1  the database could not be reached or refused the command
+  2  a usage error (nothing was done)"""
 
 
 def add_daemons_parser(sub: argparse._SubParsersAction[Any]) -> None:
@@ -42,10 +50,7 @@ def run_daemons(args: argparse.Namespace) -> int:
     Returns the exit status (0); a usage or database error is raised for ``main`` to
     report, as for every other command.
     """
-    from rich.console import Console
-    from rich.table import Table
-
-    from sqla_queue.cli.main import EXIT_OK, _engine, _print_json, _shown_time, _target
+    from sqla_queue.cli.main import EXIT_OK, _engine, _print_json, _target
 
     queue, url = _target(args)
     engine = _engine(url)
@@ -73,23 +78,33 @@ def run_daemons(args: argparse.Namespace) -> int:
         ]
         _print_json(listed)
         return EXIT_OK
-    table = Table("name", "instance", "state", "worker", "lease until", "started", "restarts")
-    table.add_column("last error", overflow="fold")
-    for row in rows:
-        name = (
-            row.name if row.instance < declared.get(row.name, 0) else f"{row.name} (unregistered)"
-        )
-        table.add_row(
-            name,
+    table: list[Sequence[Cell]] = [
+        (
+            row.name if row.instance < declared.get(row.name, 0) else f"{row.name} (unregistered)",
             str(row.instance),
             "running" if row.running else "free" if row.worker_id is None else "lapsed",
             str(row.worker_id)[:8] if row.worker_id else "-",  # --json has it whole
-            _shown_time(row.lease_until),
-            _shown_time(row.started_at),
+            format_time(row.lease_until),
+            format_time(row.started_at),
             str(row.restarts),
             row.last_error or "-",
         )
-    for name, number in never:
-        table.add_row(name, str(number), "never started", "-", "-", "-", "0", "-")
-    Console().print(table if rows or never else "no daemons")
+        for row in rows
+    ]
+    table += [
+        (name, str(number), "never started", "-", "-", "-", "0", "-") for name, number in never
+    ]
+    print_table(_COLUMNS, table, empty="no daemons")
     return EXIT_OK
+
+
+_COLUMNS = (
+    Column("name", least=TASK_WIDTH),
+    Column("instance", right=True, drop=4),
+    Column("state"),
+    Column("worker", drop=3),
+    Column("lease until", drop=2),
+    Column("started", drop=1),
+    Column("restarts", right=True, drop=5),
+    Column("last error", least=20, cut="end"),
+)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from sqla_queue.cli.render import Column, format_time, print_table, say
+
 __all__ = ["MAINTAIN_HELP", "add_maintain_parser", "run_maintain"]
 
 MAINTAIN_HELP = """\
@@ -49,9 +51,6 @@ def add_maintain_parser(sub: argparse._SubParsersAction[Any]) -> None:
 
 def run_maintain(args: argparse.Namespace) -> int:
     """Run ``sqla-queue maintain``: create the partitions, print what was done and the list."""
-    from rich.console import Console
-    from rich.table import Table
-
     from sqla_queue.cli.loading import CliError
     from sqla_queue.cli.main import EXIT_OK, _engine, _print_json, _target
     from sqla_queue.history import history_partitions, maintain_history
@@ -85,12 +84,23 @@ def run_maintain(args: argparse.Namespace) -> int:
             }
         )
         return EXIT_OK
-    console = Console()
-    console.print(
-        f"created {len(report.created)} partition(s), moved {report.moved} job(s) into them"
-    )
-    table = Table("branch", "partition", "from", "to")
-    for p in partitions:
-        table.add_row(p.branch, p.name, str(p.lower or "default"), str(p.upper or ""))
-    console.print(table)
+    say(f"created {len(report.created)} partition(s), moved {report.moved} job(s) into them")
+    rows = [
+        (
+            p.branch,
+            p.name,
+            format_time(p.lower) if p.lower else "default",
+            format_time(p.upper) if p.upper else "-",
+        )
+        for p in partitions
+    ]
+    print_table(_COLUMNS, rows, empty="no partitions")
     return EXIT_OK
+
+
+_COLUMNS = (
+    Column("branch"),
+    Column("partition", least=24),
+    Column("from"),
+    Column("to"),
+)

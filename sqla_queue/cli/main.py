@@ -3,9 +3,10 @@
 Exit statuses: 0 success; 1 the database could not be reached or refused the command (one
 or two lines naming the URL, password hidden, and the cause); 2 a usage error (one line),
 or a database the queue cannot run on as it is (schema or privileges: the problems and
-their fix). ``result`` and ``cancel`` also say how the jobs ended: 3 the job failed, 4 it
-was cancelled, 5 it did not finish in time, 6 no job has that id, 7 the job had already
-finished (nothing to cancel). No error prints a traceback.
+their fix). ``result``, ``cancel`` and ``requeue`` also say how the jobs ended: 3 the job
+failed, 4 it was cancelled, 5 it did not finish in time, 6 no job has that id, 7 the job
+had already finished (nothing to cancel) or was left alone (nothing to requeue). No error
+prints a traceback. Text from the database is printed escaped (see :mod:`.render`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import json
 import logging
 import math
 import os
@@ -23,20 +23,30 @@ from typing import Any, NoReturn
 
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, InvalidRequestError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    InterfaceError,
+    InvalidRequestError,
+    OperationalError,
+)
 
 from sqla_queue._sqlstate import INSUFFICIENT_PRIVILEGE, sqlstate_of
-from sqla_queue.admin import BIGINT_MAX, INTEGER_MAX
+from sqla_queue.admin import INTEGER_MAX
 from sqla_queue.cli.loading import CliError, database_url, load_queue, shown_url
+from sqla_queue.cli.render import (
+    TASK_WIDTH,
+    Column,
+    EscapingFormatter,
+    escape,
+    json_text,
+    print_table,
+    say,
+)
 from sqla_queue.errors import (
-    JobCancelledError,
-    JobFailedError,
-    JobNotFoundError,
-    ResultTimeoutError,
     SqlaQueueError,
 )
 from sqla_queue.queue import Queue
-from sqla_queue.statements.lifecycle import CancelOutcome
 from sqla_queue.statements.listing import JOB_STATES
 
 #: Environment variable: the worker's ``--listen-url`` when the option is not given.
@@ -69,10 +79,11 @@ EXIT_FAILED = 3
 EXIT_CANCELLED = 4
 #: ``result``: the job was still queued or running when the timeout passed.
 EXIT_TIMEOUT = 5
-#: ``result``: no job has the id; ``cancel``: no job has one of the ids.
+#: ``result``: no job has the id; ``cancel``, ``requeue``: no job has one of the ids.
 EXIT_NOT_FOUND = 6
-#: ``cancel``: one of the jobs had already finished, so there was nothing to cancel (and
-#: every id exists).
+#: ``cancel``: one of the jobs had already finished, so there was nothing to cancel;
+#: ``requeue``: one of the jobs was left alone (in another state, or its unique key is
+#: held); and every id exists.
 EXIT_FINISHED = 7
 #: Interrupted (Ctrl-C) while waiting, as shells report SIGINT.
 EXIT_INTERRUPTED = 130
@@ -199,12 +210,30 @@ def _log_level(text: str) -> str:
 _CONCURRENCY = 10_000
 
 
+#: Where a command's help text turns to its exit statuses.
+_EXIT_STATUS = "\n\nexit status"
+
+
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line on stderr, with exit status 2."""
+    """An ArgumentParser whose usage errors are one line on stderr, with exit status 2.
+
+    A command's help text (its ``description``) ends with its exit statuses; the help
+    screen shows them last, after the options, as its epilog. Texts are laid out as
+    written.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        description = kwargs.get("description") or ""
+        if _EXIT_STATUS in description and kwargs.get("epilog") is None:
+            text, _, statuses = description.partition(_EXIT_STATUS)
+            kwargs["description"], kwargs["epilog"] = text, _EXIT_STATUS.lstrip() + statuses
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         """Print ``sqla-queue: <problem> (see <prog> --help)`` and exit with status 2."""
-        self.exit(EXIT_USAGE, f"sqla-queue: {message} (see `{self.prog} --help`)\n")
+        # The message may repeat an argument as typed (unrecognized arguments: ...).
+        self.exit(EXIT_USAGE, f"sqla-queue: {escape(message)} (see `{self.prog} --help`)\n")
 
 
 def _add_target(parser: argparse.ArgumentParser) -> None:
@@ -216,55 +245,81 @@ def _add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-_COMMON_EXITS = """\
+#: The exit statuses that every command shares, for the help screens' epilogs.
+COMMON_EXITS = """\
   1  the database could not be reached or refused the command
   2  a usage error (nothing was done)"""
 
-_CANCEL_HELP = f"""\
-Cancel jobs: a queued job becomes cancelled and never starts; a running one is asked
-to stop (its handler sees ctx.cancel_requested within a heartbeat interval) and ends
-cancelled when its handler returns, unless it succeeds. Prints each job's outcome:
-cancelled, requested, finished (already over: nothing changed) or not_found.
+WORKER_HELP = f"""\
+Run a worker: it claims the queue's due jobs and runs their handlers, --concurrency at
+once, until SIGINT or SIGTERM (then it finishes or hands back what it runs within
+--shutdown-timeout), or with --burst until nothing is due. Database errors once it runs
+are logged and retried: a server restart does not stop it.
 
 exit status:
-  0  every job was cancelled or asked to stop
-{_COMMON_EXITS}
-  6  no job has one of the ids (the others were cancelled)
-  7  one of the jobs had already finished (the others were cancelled)"""
+  0  stopped by a signal, or --burst found nothing more to do
+{COMMON_EXITS}, or the database lacks the queue's schema or privileges
+     (the problems and their fix are printed)"""
 
-_RESULT_HELP = f"""\
-Wait for a job to finish and print its handler's return value as JSON. A failed job's
-error, with the traceback the worker recorded, goes to stderr. The wait LISTENs for the
-job's completion (and reads it every few seconds besides).
+VERIFY_HELP = f"""\
+Check that the database has every object this version of the queue needs, in the expected
+shape, and that the connected role has the privileges workers and producers need. Prints
+"schema OK", or each problem and the command (or GRANT) that fixes it.
 
 exit status:
-  0  the job succeeded: its result is printed
-{_COMMON_EXITS}
-  3  the job failed
-  4  the job was cancelled
-  5  the job was still queued or running when the timeout passed
-  6  no job has this id (never enqueued, or pruned)
-  130 interrupted (Ctrl-C)"""
+  0  schema OK
+{COMMON_EXITS}, or a missing or different object, or a missing privilege"""
 
-_JOBS_HELP = """\
-List jobs, newest first (by id), at most --limit of them: id, task, state, attempts,
-created and finished times, unique key and linked row. Filters combine with AND; a
-filter given several times (--task, --status) matches any of its values.
+LIMITS_HELP = f"""\
+List, set or unset per-task concurrency limits, shared by every worker:
+  sqla-queue limits APP:QUEUE [list | set TASK N | unset TASK]
+The list shows each limit declared in code, stored, and the one in effect. `set` takes a
+task the queue knows; `unset` removes a stored limit (the one in code applies again).
 
-states: queued (every job not finished yet), succeeded, failed, cancelled, and the
-states of a queued job: running, cancelling (running, asked to stop), waiting (behind
-its queue_id), scheduled (due later), pending (due now)."""
+exit status:
+  0  done (list: printed)
+{COMMON_EXITS}, or a task the queue does not know"""
+
+DEMO_HELP = """\
+A real end-to-end demo: a small shop places orders, each enqueuing a confirmation job in
+the order's transaction (some are rolled back on purpose), worker processes send them,
+and a summary checks that every committed order's job ran, once. Without --url or
+$DATABASE_URL it starts an embedded PostgreSQL (pip install 'sqla-queue[embedded]').
+
+exit status:
+  0  every check passed
+  1  a check failed
+  2  the demo cannot run (no database, a schema it did not create)"""
+
+_TOP_EPILOG = """\
+exit status (every command; `sqla-queue COMMAND --help` gives each one's own):
+  0  success
+  1  the database could not be reached or refused the command
+  2  a usage error, or a database the queue cannot run on as it is
+  3-7, 130  how the jobs of `result`, `cancel` and `requeue` ended"""
+
+_RAW = argparse.RawDescriptionHelpFormatter
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
-    parser = _Parser(prog="sqla-queue", description=__doc__.split("\n\n")[0])
+    parser = _Parser(
+        prog="sqla-queue",
+        description=__doc__.split("\n\n")[0],
+        epilog=_TOP_EPILOG,
+        formatter_class=_RAW,
+    )
     parser.add_argument(
         "--log-level", default="INFO", type=_log_level, help="logging level (default INFO)"
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    worker = sub.add_parser("worker", help="run a worker until SIGINT/SIGTERM")
+    worker = sub.add_parser(
+        "worker",
+        help="run a worker until SIGINT/SIGTERM",
+        description=WORKER_HELP,
+        formatter_class=_RAW,
+    )
     _add_target(worker)
     worker.add_argument(
         "--concurrency",
@@ -321,106 +376,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     verify = sub.add_parser(
-        "verify", help="check that the database has the queue's schema and privileges"
+        "verify",
+        help="check that the database has the queue's schema and privileges",
+        description=VERIFY_HELP,
+        formatter_class=_RAW,
     )
     _add_target(verify)
 
-    failed = sub.add_parser("failed", help="list failed jobs, newest first")
-    _add_target(failed)
-    failed.add_argument(
-        "--limit", type=_whole_number(1, BIGINT_MAX, "--limit"), default=20, help="at most N"
-    )
-    _add_json(failed)
+    from sqla_queue.cli.jobs import add_job_parsers
 
-    jobs = sub.add_parser(
-        "jobs",
-        help="list jobs, newest first, by task, state, key or linked row",
-        description=_JOBS_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_target(jobs)
-    jobs.add_argument(
-        "--task", action="append", type=_non_empty("--task"), help="only this task (repeatable)"
-    )
-    jobs.add_argument(
-        "--status",
-        action="append",
-        type=_states,
-        metavar="STATE",
-        help="only jobs in this state; repeatable, or comma-separated (failed,cancelled)",
-    )
-    jobs.add_argument(
-        "--key", type=_non_empty("--key"), help="only jobs whose unique_key or queue_id is KEY"
-    )
-    jobs.add_argument(
-        "--about",
-        type=_about,
-        metavar="TABLE[:KEY]",
-        help="only jobs linked to this row (orders:42), or to any row of TABLE",
-    )
-    jobs.add_argument(
-        "--limit",
-        type=_whole_number(1, BIGINT_MAX, "--limit"),
-        default=20,
-        metavar="N",
-        help="at most N jobs (default 20)",
-    )
-    _add_json(jobs)
-
-    cancel = sub.add_parser(
-        "cancel",
-        help="cancel jobs: queued ones never start, running ones are asked to stop",
-        description=_CANCEL_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_target(cancel)
-    cancel.add_argument(
-        "ids", nargs="+", type=_whole_number(1, BIGINT_MAX, "a job id"), help="job ids"
-    )
-    cancel.add_argument("--json", action="store_true", help="print the outcomes as JSON")
-
-    result = sub.add_parser(
-        "result",
-        help="wait for a job to finish and print its result as JSON",
-        description=_RESULT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_target(result)
-    result.add_argument("id", type=_whole_number(1, BIGINT_MAX, "a job id"), help="the job id")
-    result.add_argument(
-        "--timeout",
-        type=_timeout,
-        default=30.0,
-        help="longest wait: 30s (default), 5m, 0 (look once) or none (no limit)",
-    )
-    result.add_argument(
-        "--json",
-        action="store_true",
-        help="print one JSON object, whatever the outcome: {id, outcome, result | error}",
-    )
-
-    requeue = sub.add_parser("requeue", help="run failed jobs again")
-    _add_target(requeue)
-    requeue.add_argument(
-        "ids", nargs="+", type=_whole_number(1, BIGINT_MAX, "a job id"), help="job ids"
-    )
-
-    prune = sub.add_parser("prune", help="delete finished jobs older than a given age")
-    _add_target(prune)
-    prune.add_argument(
-        "--older-than", type=parse_duration, required=True, help="age such as 7d, 12h, 30m, 90s"
-    )
-    prune.add_argument("--include-failed", action="store_true", help="failed jobs go too")
-    prune.add_argument(
-        "--detach",
-        action="store_true",
-        help="partitioned history: detach old partitions (kept as tables) instead of dropping",
-    )
+    add_job_parsers(sub)
 
     limits = sub.add_parser(
         "limits",
         help="list, set or unset per-task concurrency limits (shared by all workers)",
-        description="sqla-queue limits APP:QUEUE [list | set TASK N | unset TASK]",
+        description=LIMITS_HELP,
+        formatter_class=_RAW,
+        usage="sqla-queue limits APP:QUEUE [--url URL] [--json] [list | set TASK N | unset TASK]",
     )
     _add_target(limits)
     limits.add_argument("words", nargs="*", help="list (default) | set TASK N | unset TASK")
@@ -440,7 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_daemons_parser(sub)
     add_dashboard_parser(sub)
 
-    demo = sub.add_parser("demo", help="a real end-to-end demo: a shop, its orders, 2 workers")
+    demo = sub.add_parser(
+        "demo",
+        help="a real end-to-end demo: a shop, its orders, 2 workers",
+        description=DEMO_HELP,
+        formatter_class=_RAW,
+    )
     demo.add_argument("--url", help="database URL (default: $DATABASE_URL, else embedded)")
     demo.add_argument("--orders", type=int, default=3000, help="orders to place")
     demo.add_argument("--workers", type=int, default=2, help="worker processes")
@@ -540,88 +517,7 @@ def _verify(args: argparse.Namespace) -> int:
             queue.verify(connection)
     finally:
         engine.dispose()
-    print("schema OK")
-    return EXIT_OK
-
-
-def _failed(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from sqla_queue.admin import failed_jobs
-
-    queue, url = _target(args)
-    engine = _engine(url)
-    try:
-        with engine.connect() as connection:
-            rows = failed_jobs(connection, queue.tables, limit=args.limit)
-    finally:
-        engine.dispose()
-    if args.json:
-        _print_json(
-            [
-                {
-                    "id": row.id,
-                    "task": row.task,
-                    "attempts": row.attempts,
-                    "finished_at": _iso(row.finished_at),
-                    "last_error": row.last_error,
-                }
-                for row in rows
-            ]
-        )
-        return EXIT_OK
-    table = Table("id", "task", "attempts", "failed at", "last error")
-    for row in rows:
-        error = row.last_error or {}
-        message = f"{error.get('type', '')}: {error.get('message', '')}".strip(": ")
-        table.add_row(str(row.id), row.task, str(row.attempts), str(row.finished_at), message)
-    Console().print(table if rows else "no failed jobs")
-    return EXIT_OK
-
-
-def _requeue(args: argparse.Namespace) -> int:
-    queue, url = _target(args)
-    engine = _engine(url)
-    try:
-        with engine.begin() as connection:
-            done = queue.requeue(connection, args.ids)
-    finally:
-        engine.dispose()
-    skipped = sorted(set(args.ids) - set(done))
-    print(f"requeued {len(done)} job(s): {done}")
-    if skipped:
-        print(f"not failed or cancelled, left alone: {skipped}")
-    return EXIT_OK
-
-
-def _prune(args: argparse.Namespace) -> int:
-    queue, url = _target(args)
-    engine = _engine(url)
-    try:
-        with engine.begin() as connection:
-            if args.detach:
-                from sqla_queue.history import prune_history
-
-                try:
-                    report = prune_history(
-                        connection,
-                        queue.tables,
-                        older_than=args.older_than,
-                        include_failed=args.include_failed,
-                        detach=True,
-                    )
-                except ValueError as exc:  # --detach on a plain history: nothing was done
-                    raise CliError(str(exc)) from None
-                count = report.jobs
-                print(f"detached {len(report.partitions)} partition(s): {list(report.partitions)}")
-            else:
-                count = queue.prune(
-                    connection, older_than=args.older_than, include_failed=args.include_failed
-                )
-    finally:
-        engine.dispose()
-    print(f"pruned {count} finished job(s) older than {args.older_than}")
+    say("schema OK")
     return EXIT_OK
 
 
@@ -644,10 +540,15 @@ def _limits_words(words: Sequence[str]) -> tuple[str, str, int | None]:
     raise CliError(f"unexpected arguments {' '.join(words)!r}; {usage}")
 
 
-def _limits(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
+_LIMIT_COLUMNS = (
+    Column("task", least=TASK_WIDTH),
+    Column("declared in code", right=True),
+    Column("stored", right=True),
+    Column("effective", right=True),
+)
 
+
+def _limits(args: argparse.Namespace) -> int:
     action, task, limit = _limits_words(args.words)
     queue, url = _target(args)
     engine = _engine(url)
@@ -668,7 +569,7 @@ def _limits(args: argparse.Namespace) -> int:
         if args.json:
             _print_json({"task": task, "effective": shown})
         else:
-            print(f"{task}: limit now {shown if shown is not None else 'none'}")
+            say(f"{task}: limit now {shown if shown is not None else 'none'}")
         return EXIT_OK
     if args.json:
         _print_json(
@@ -683,162 +584,25 @@ def _limits(args: argparse.Namespace) -> int:
             ]
         )
         return EXIT_OK
-    table = Table("task", "declared in code", "stored", "effective")
-    for name, entry in current.items():
-        table.add_row(
+    rows = [
+        (
             name,
             str(entry.declared) if entry.declared is not None else "-",
             str(entry.stored) if entry.stored is not None else "-",
             str(entry.effective),
         )
-    Console().print(table if current else "no concurrency limits")
+        for name, entry in current.items()
+    ]
+    print_table(_LIMIT_COLUMNS, rows, empty="no concurrency limits")
     return EXIT_OK
 
 
 def _print_json(value: object) -> None:
-    print(json.dumps(value, indent=2, ensure_ascii=False))
+    print(json_text(value))
 
 
 def _iso(value: dt.datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
-
-
-def _shown_time(value: dt.datetime | None) -> str:
-    """A time for a table: this machine's local time, to the second (``--json`` has it all)."""
-    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
-
-
-def _jobs(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from sqla_queue.listing import list_jobs
-
-    queue, url = _target(args)
-    about_table, about_key = args.about if args.about else (None, None)
-    states = [state for group in args.status or [] for state in group]
-    engine = _engine(url)
-    try:
-        with engine.connect() as connection:
-            rows = list_jobs(
-                connection,
-                queue.tables,
-                limit=args.limit,
-                tasks=args.task or [],
-                states=states,
-                key=args.key,
-                about_table=about_table,
-                about_key=about_key,
-            )
-    finally:
-        engine.dispose()
-    if args.json:
-        _print_json([row.as_json() for row in rows])
-        return EXIT_OK
-    table = Table("id", "task", "state", "attempts", "created", "finished", "unique key", "about")
-    for column in table.columns[:6]:
-        column.no_wrap = True
-    for row in rows:
-        about = f"{row.about_table}:{row.about_key}" if row.about_table is not None else "-"
-        table.add_row(
-            str(row.id),
-            row.task,
-            row.state,
-            f"{row.attempts}/{row.max_attempts}",
-            _shown_time(row.created_at),
-            _shown_time(row.finished_at),
-            row.unique_key if row.unique_key is not None else "-",
-            about,
-        )
-    Console().print(table if rows else "no jobs")
-    return EXIT_OK
-
-
-#: How ``cancel`` shows each outcome: its word, then what it means.
-_CANCEL_WORDS = {
-    CancelOutcome.CANCELLED: "cancelled",
-    CancelOutcome.REQUESTED: "requested (it is running: asked to stop, it ends cancelled "
-    "unless it succeeds)",
-    CancelOutcome.FINISHED: "finished (already {status}: nothing to cancel)",
-    CancelOutcome.NOT_FOUND: "not_found (no job has this id)",
-}
-
-
-def _cancel(args: argparse.Namespace) -> int:
-    from sqla_queue.listing import list_jobs
-
-    queue, url = _target(args)
-    ids = list(dict.fromkeys(args.ids))
-    engine = _engine(url)
-    try:
-        # The cancel commits on a connection of its own; the statuses are read after it.
-        outcomes = queue.cancel(engine, ids)
-        finished = [job_id for job_id in ids if outcomes[job_id] == CancelOutcome.FINISHED]
-        statuses: dict[int, str] = {}
-        if finished:
-            with engine.connect() as connection:
-                statuses = {
-                    row.id: row.status
-                    for row in list_jobs(
-                        connection, queue.tables, ids=finished, limit=len(finished)
-                    )
-                }
-    finally:
-        engine.dispose()
-    if args.json:
-        _print_json(
-            [
-                {"id": job_id, "outcome": outcomes[job_id]}
-                | ({"status": statuses[job_id]} if job_id in statuses else {})
-                for job_id in ids
-            ]
-        )
-    else:
-        for job_id in ids:
-            words = _CANCEL_WORDS[outcomes[job_id]].format(status=statuses.get(job_id, "?"))
-            print(f"job {job_id}: {words}")
-    found = set(outcomes.values())
-    if CancelOutcome.NOT_FOUND in found:
-        return EXIT_NOT_FOUND
-    if CancelOutcome.FINISHED in found:
-        return EXIT_FINISHED
-    return EXIT_OK
-
-
-def _result(args: argparse.Namespace) -> int:
-    queue, url = _target(args)
-    job_id = args.id
-    engine = _engine(url)
-    report: dict[str, Any] = {"id": job_id}
-    try:
-        value = queue.result(engine, job_id, timeout=args.timeout)
-    except JobFailedError as exc:
-        status, report["outcome"], report["error"] = EXIT_FAILED, "failed", exc.error
-        traceback = str((exc.error or {}).get("traceback") or "").rstrip()
-        detail = f"{exc}\n{traceback}" if traceback else str(exc)
-    except JobCancelledError as exc:
-        status, report["outcome"], detail = EXIT_CANCELLED, "cancelled", str(exc)
-    except ResultTimeoutError as exc:
-        status, report["outcome"], detail = EXIT_TIMEOUT, "timeout", str(exc)
-    except JobNotFoundError as exc:
-        status, report["outcome"], detail = EXIT_NOT_FOUND, "not_found", str(exc)
-    except KeyboardInterrupt:
-        print(f"sqla-queue: interrupted while waiting for job {job_id}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    else:
-        if args.json:
-            _print_json({"id": job_id, "outcome": "succeeded", "result": value})
-        else:
-            print(json.dumps(value, ensure_ascii=False))
-        return EXIT_OK
-    finally:
-        engine.dispose()
-    if args.json:
-        report["message"] = str(detail).splitlines()[0]
-        _print_json(report)
-    else:
-        print(f"sqla-queue: {detail}", file=sys.stderr)
-    return status
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -860,8 +624,13 @@ def database_error_message(exc: DBAPIError, url: str | None) -> str:
     if password:
         cause = cause.replace(str(password), "***")
     state = sqlstate_of(exc)
-    # No SQLSTATE: the driver failed before the server answered (refused, unreachable).
-    if state is None or state.startswith(_CONNECT_CLASSES) or state == _CANNOT_CONNECT_NOW:
+    if state is None:
+        # No SQLSTATE: the driver failed on its own side. Only its connection errors mean
+        # the server could not be reached; a value it cannot convert (a DataError) does not.
+        if isinstance(exc, OperationalError | InterfaceError):
+            return f"sqla-queue: cannot connect to {where}\n  cause: {cause}"
+        return f"sqla-queue: a command on {where} failed\n  cause: {cause}"
+    if state.startswith(_CONNECT_CLASSES) or state == _CANNOT_CONNECT_NOW:
         return f"sqla-queue: cannot connect to {where}\n  cause: {cause}"
     hint = ""
     if state == INSUFFICIENT_PRIVILEGE:
@@ -886,25 +655,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.words = [*args.words, *rest]
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    # Log lines carry handlers' errors and task names: escaped like everything printed.
+    handler = logging.StreamHandler()
+    handler.setFormatter(EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level, handlers=[handler])
     from sqla_queue.cli.controls import run_pause, run_rate_limit, run_resume
     from sqla_queue.cli.daemons import run_daemons
     from sqla_queue.cli.dashboard import run_dashboard
     from sqla_queue.cli.history import run_maintain
+    from sqla_queue.cli.jobs import (
+        run_cancel,
+        run_failed,
+        run_jobs,
+        run_prune,
+        run_requeue,
+        run_result,
+    )
     from sqla_queue.cli.periodic import run_periodic
     from sqla_queue.cli.status import run_status, run_top
 
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "worker": _run_worker,
         "verify": _verify,
-        "failed": _failed,
-        "requeue": _requeue,
-        "jobs": _jobs,
-        "cancel": _cancel,
-        "result": _result,
-        "prune": _prune,
+        "failed": run_failed,
+        "requeue": run_requeue,
+        "jobs": run_jobs,
+        "cancel": run_cancel,
+        "result": run_result,
+        "prune": run_prune,
         "limits": _limits,
         "pause": run_pause,
         "resume": run_resume,
@@ -920,8 +698,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return commands[args.command](args)
     except (CliError, SqlaQueueError) as exc:
-        print(f"sqla-queue: {exc}", file=sys.stderr)
+        say(f"sqla-queue: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except DBAPIError as exc:
-        print(database_error_message(exc, getattr(args, "resolved_url", None)), file=sys.stderr)
+        say(database_error_message(exc, getattr(args, "resolved_url", None)), file=sys.stderr)
         return EXIT_DATABASE

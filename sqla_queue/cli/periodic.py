@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from sqla_queue.cli.render import Column, format_time, print_table
+
 __all__ = ["PERIODIC_HELP", "add_periodic_parser", "run_periodic"]
 
 PERIODIC_HELP = """\
@@ -19,8 +21,13 @@ after now. A next tick in the past means no worker has run the schedule since th
 first worker to start applies the catch-up policy (skip, one or all). A row stored by a
 schedule that the code no longer registers is listed last, marked unregistered.
 
-Times are this machine's local time, to the second; --json gives them in ISO 8601 with
-their UTC offset."""
+Times are UTC, to the second; --json gives them in ISO 8601 with their UTC offset. In a
+narrow terminal the columns give way, catch-up and last tick first.
+
+exit status:
+  0  printed (also when there are no schedules)
+  1  the database could not be reached or refused the command
+  2  a usage error (nothing was done)"""
 
 
 def add_periodic_parser(sub: argparse._SubParsersAction[Any]) -> None:
@@ -46,10 +53,7 @@ def run_periodic(args: argparse.Namespace) -> int:
     Returns the exit status (0); a usage or database error is raised for ``main`` to
     report, as for every other command.
     """
-    from rich.console import Console
-    from rich.table import Table
-
-    from sqla_queue.cli.main import EXIT_OK, _engine, _print_json, _shown_time, _target
+    from sqla_queue.cli.main import EXIT_OK, _engine, _print_json, _target
 
     queue, url = _target(args)
     engine = _engine(url)
@@ -61,17 +65,26 @@ def run_periodic(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([state.as_json() for state in states])
         return EXIT_OK
-    table = Table("name", "task", "schedule", "catch-up", "last tick", "next tick")
-    for column in table.columns[4:]:
-        column.no_wrap = True
-    for state in states:
-        table.add_row(
+    table = [
+        (
             state.name if state.registered else f"{state.name} (unregistered)",
             state.task,
             state.schedule,
             state.catch_up,
-            _shown_time(state.last_tick),
-            _shown_time(state.next_tick),
+            format_time(state.last_tick),
+            format_time(state.next_tick),
         )
-    Console().print(table if states else "no periodic schedules")
+        for state in states
+    ]
+    print_table(_COLUMNS, table, empty="no periodic schedules")
     return EXIT_OK
+
+
+_COLUMNS = (
+    Column("name", least=24),
+    Column("task", least=24, drop=3),
+    Column("schedule", least=20, cut="end"),
+    Column("catch-up", drop=1),
+    Column("last tick", drop=2),
+    Column("next tick"),
+)

@@ -4,18 +4,30 @@
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from sqla_queue.cli.render import (
+    TASK_WIDTH,
+    Cell,
+    Column,
+    escape,
+    format_duration,
+    format_time,
+    make_console,
+    table_lines,
+    table_width,
+    wrap_items,
+)
+
 if TYPE_CHECKING:
-    from rich.console import Group, RenderableType
+    from rich.console import Console, Group, RenderableType
+    from rich.text import Text
     from sqlalchemy.engine import Engine
 
     from sqla_queue.queue import Queue
-    from sqla_queue.status import QueueStatus, TaskStatus
+    from sqla_queue.status import QueueStatus, TaskStatus, WorkerStatus
 
 __all__ = [
     "STATUS_HELP",
@@ -39,7 +51,12 @@ tasks (one row per task the queue knows, or that has jobs, a limit or a pause):
   (">=N": the window held more rows than a status read walks; N is a lower bound)
 workers (live: seen in the last 60 s):
   worker (id prefix), host, pid, started, beat (time since its last beat, every <= 5 s),
-  running (jobs it holds now / its concurrency), finished (jobs since it started), tasks"""
+  running (jobs it holds now / its concurrency), finished (jobs since it started), tasks
+
+Times are UTC. In a terminal too narrow for every column, columns are left out, done/1m
+and sched first, and a last line names them (the task's name always shows; a name longer
+than 32 characters may lose its middle). Printed to a pipe or a file, every column shows,
+one row per line, nothing cut; $COLUMNS sets a width there too. --json has everything."""
 
 STATUS_HELP = f"""\
 Show the queue at a glance: per task, the jobs pending, scheduled, waiting and running,
@@ -128,19 +145,9 @@ def _reader(queue: Queue, engine: Engine) -> Callable[[], QueueStatus]:
 
 
 def format_age(seconds: float | None) -> str:
-    """A duration for a narrow column: ``-``, ``0.4s``, ``12s``, ``3m05s``, ``2h14m``, ``3d04h``."""
-    if seconds is None:
-        return "-"
-    if seconds < 10:
-        return f"{max(seconds, 0.0):.1f}s"
-    whole = int(seconds)
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    if whole < 86_400:
-        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    return f"{whole // 86_400}d{whole % 86_400 // 3600:02d}h"
+    """An age or a wait, to two units: ``-``, ``0.4 s``, ``12 s``, ``3 min 5 s``, ``3 d 4 h``."""
+    # A clock a little behind the database (a beat just now) reads as no time at all.
+    return "-" if seconds is None else format_duration(max(seconds, 0.0), parts=2)
 
 
 def _seats(task: TaskStatus) -> str:
@@ -153,66 +160,95 @@ def _at_least(value: int, capped: bool) -> str:
     return f">={value}" if capped else str(value)
 
 
-def _started(value: dt.datetime) -> str:
-    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+# The columns go in their drop order when the terminal is narrow (the task never does):
+# first the ones a glance can do without, last the pending and running counts.
+_TASK_COLUMNS = (
+    Column("task", least=TASK_WIDTH),
+    Column("pending", right=True, drop=10),
+    Column("sched", right=True, drop=2),
+    Column("waiting", right=True, drop=3),
+    Column("running", right=True, drop=9),
+    Column("oldest", right=True, drop=6),
+    Column("seats", right=True, drop=4),
+    Column("paused", drop=7),
+    Column("fail/24h", right=True, drop=8),
+    Column("done/1m", right=True, drop=1),
+    Column("done/1h", right=True, drop=5),
+)
+
+_WORKER_COLUMNS = (
+    Column("worker"),
+    Column("host", least=16, drop=6),
+    Column("pid", right=True, drop=3),
+    Column("started", drop=1),
+    Column("beat", right=True, drop=5),
+    Column("running", right=True, drop=7),
+    Column("finished", right=True, drop=2),
+    Column("tasks", least=20, cut="end"),
+)
 
 
-def render_status(status: QueueStatus, *, title: str = "") -> Group:
-    """The status as ``status``/``top`` draw it: a summary line, the tasks, the workers."""
+def _task_row(task: TaskStatus, capped: bool) -> list[Cell]:
+    return [
+        task.task,
+        str(task.pending),
+        str(task.scheduled),
+        str(task.waiting),
+        str(task.running),
+        format_age(task.oldest_due_seconds),
+        _seats(task),
+        ("yes", "bold yellow") if task.paused else "no",
+        (str(task.failed_last_day), "red" if task.failed_last_day else ""),
+        _at_least(task.finished_last_minute, capped),
+        _at_least(task.finished_last_hour, capped),
+    ]
+
+
+def _worker_row(worker: WorkerStatus) -> list[Cell]:
+    return [
+        str(worker.worker_id)[:8],  # --json has it whole
+        worker.hostname,
+        str(worker.pid),
+        format_time(worker.started_at),
+        format_age(worker.seen_seconds_ago) + " ago",
+        f"{worker.running}/{worker.concurrency}",
+        str(worker.finished),
+        ", ".join(worker.tasks),
+    ]
+
+
+def render_status(status: QueueStatus, *, title: str = "", width: int | None = None) -> Group:
+    """The status as ``status``/``top`` draw it: a summary, the tasks, the workers.
+
+    With a ``width`` (a terminal's), no line is wider: the tables leave columns out (never
+    the task's name) and cut long names. Without one (a pipe), everything shows in full,
+    one row per line.
+    """
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     busy = sum(w.running for w in status.workers)
     seats = sum(w.concurrency for w in status.workers)
-    now = status.now.astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
-    summary = Text.assemble(
-        (title + "  " if title else "", "bold"),
-        f"{now}  ",
-        f"pending {status.pending}  running {status.running}  ",
-        f"done/min {_at_least(status.finished_last_minute, status.capped)}  ",
+    summary: list[Cell] = [
+        *([(title, "bold")] if title else []),
+        format_time(status.now),
+        f"pending {status.pending}",
+        f"running {status.running}",
+        f"done/min {_at_least(status.finished_last_minute, status.capped)}",
         f"workers {len(status.workers)} ({busy}/{seats} busy)",
-    )
-    tasks = Table(title="tasks", title_justify="left", expand=False)
-    tasks.add_column("task", overflow="fold")
-    # Headers as short as the numbers under them: the table fits 80 columns.
-    for name in ("pending", "sched", "waiting", "running", "oldest", "seats"):
-        tasks.add_column(name, justify="right", no_wrap=True)
-    tasks.add_column("paused", no_wrap=True)
-    for name in ("fail/24h", "done/1m", "done/1h"):
-        tasks.add_column(name, justify="right", no_wrap=True)
-    for t in status.tasks:
-        tasks.add_row(
-            t.task,
-            str(t.pending),
-            str(t.scheduled),
-            str(t.waiting),
-            str(t.running),
-            format_age(t.oldest_due_seconds),
-            _seats(t),
-            Text("yes", style="bold yellow") if t.paused else Text("no"),
-            Text(str(t.failed_last_day), style="red" if t.failed_last_day else ""),
-            _at_least(t.finished_last_minute, status.capped),
-            _at_least(t.finished_last_hour, status.capped),
-        )
-    workers = Table(title="workers", title_justify="left", expand=False)
-    for name in ("worker", "host", "pid", "started", "beat", "running", "finished", "tasks"):
-        justify: Any = "right" if name in ("pid", "beat", "running", "finished") else "left"
-        workers.add_column(name, justify=justify, no_wrap=name != "tasks")
-    for w in status.workers:
-        workers.add_row(
-            str(w.worker_id)[:8],
-            w.hostname,
-            str(w.pid),
-            _started(w.started_at),
-            format_age(w.seen_seconds_ago) + " ago",
-            f"{w.running}/{w.concurrency}",
-            str(w.finished),
-            ", ".join(w.tasks),
-        )
-    parts: list[RenderableType] = [summary]
-    parts.append(tasks if status.tasks else Text("no tasks", style="dim"))
-    parts.append(workers if status.workers else Text("no live workers", style="dim"))
+    ]
+    parts: list[RenderableType] = list(wrap_items(summary, width))
+    parts.append(Text("tasks", style="bold underline"))
+    if status.tasks:
+        rows = [_task_row(task, status.capped) for task in status.tasks]
+        parts.extend(table_lines(_TASK_COLUMNS, rows, width))
+    else:
+        parts.append(Text("no tasks", style="dim"))
+    parts.extend([Text(""), Text("workers", style="bold underline")])
+    if status.workers:
+        parts.extend(table_lines(_WORKER_COLUMNS, [_worker_row(w) for w in status.workers], width))
+    else:
+        parts.append(Text("no live workers", style="dim"))
     return Group(*parts)
 
 
@@ -221,8 +257,6 @@ def render_status(status: QueueStatus, *, title: str = "") -> Group:
 
 def run_status(args: argparse.Namespace) -> int:
     """Run ``sqla-queue status APP``; returns the exit status."""
-    from rich.console import Console
-
     from sqla_queue.cli.main import EXIT_OK, _engine, _print_json, _target
 
     queue, url = _target(args)
@@ -234,22 +268,21 @@ def run_status(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(status.as_json())
     else:
-        Console().print(render_status(status, title=args.queue))
+        console = make_console()
+        console.print(render_status(status, title=args.queue, width=table_width(console)))
     return EXIT_OK
 
 
-def run_top(args: argparse.Namespace, *, console: Any = None) -> int:
+def run_top(args: argparse.Namespace, *, console: Console | None = None) -> int:
     """Run ``sqla-queue top APP``; returns the exit status (0 on Ctrl-C as well).
 
     ``console`` is the :class:`rich.console.Console` to draw on (tests pass a recording
-    one); by default the terminal's.
+    one); by default the terminal's. Each frame fits its width at that moment.
     """
-    from rich.console import Console
-
     from sqla_queue.cli.main import EXIT_OK, _engine, _target
 
     queue, url = _target(args)
-    console = console if console is not None else Console()
+    console = console if console is not None else make_console()
     frames = 1 if args.once else args.iterations
     # One connection, kept between frames: a dashboard should not connect every second.
     engine = _engine(url, pool_size=1, max_overflow=0, pool_pre_ping=True)
@@ -260,7 +293,7 @@ def run_top(args: argparse.Namespace, *, console: Any = None) -> int:
         if args.json:
             _top_json(read, status, args.interval, frames)
         elif frames == 1:
-            console.print(render_status(status, title=args.queue))
+            console.print(render_status(status, title=args.queue, width=table_width(console)))
         else:
             _top_live(read, status, console, args.queue, args.interval, frames)
     except KeyboardInterrupt:
@@ -287,7 +320,9 @@ def _next(read: Callable[[], QueueStatus]) -> QueueStatus | Exception:
 def _top_json(
     read: Callable[[], QueueStatus], status: QueueStatus, interval: float, frames: int | None
 ) -> None:
-    print(json.dumps(status.as_json(), ensure_ascii=False), flush=True)
+    from sqla_queue.cli.render import json_text
+
+    print(json_text(status.as_json(), indent=None), flush=True)
     shown = 1
     while _frames_left(frames, shown):
         time.sleep(interval)
@@ -295,7 +330,7 @@ def _top_json(
         document = (
             latest.as_json() if not isinstance(latest, Exception) else {"error": _error(latest)}
         )
-        print(json.dumps(document, ensure_ascii=False), flush=True)
+        print(json_text(document, indent=None), flush=True)
         shown += 1
 
 
@@ -304,21 +339,32 @@ def _error(exc: Exception) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def _frame(status: QueueStatus, console: Console, title: str, note: Text) -> Group:
+    """One screen of ``top``: the status fitted to the console's width now, and a note."""
+    from rich.console import Group
+
+    width = table_width(console)
+    if width is not None:
+        note.truncate(width, overflow="ellipsis")
+    return Group(render_status(status, title=title, width=width), note)
+
+
 def _top_live(
     read: Callable[[], QueueStatus],
     status: QueueStatus,
-    console: Any,
+    console: Console,
     title: str,
     interval: float,
     frames: int | None,
 ) -> None:
-    from rich.console import Group
     from rich.live import Live
     from rich.text import Text
 
-    hint = Text(f"refresh every {interval:g}s; Ctrl-C to quit", style="dim")
+    def hint() -> Text:
+        return Text(f"refresh every {format_duration(interval)}; Ctrl-C to quit", style="dim")
+
     with Live(
-        Group(render_status(status, title=title), hint),
+        _frame(status, console, title, hint()),
         console=console,
         auto_refresh=False,
         transient=False,
@@ -329,9 +375,10 @@ def _top_live(
             latest = _next(read)
             if isinstance(latest, Exception):
                 # Keep the last good frame on screen, with what went wrong under it.
-                problem = Text(f"refresh failed: {_error(latest)}; retrying", style="bold red")
-                live.update(Group(render_status(status, title=title), problem), refresh=True)
+                problem = f"refresh failed: {escape(_error(latest))}; retrying"
+                note = Text(problem, style="bold red")
+                live.update(_frame(status, console, title, note), refresh=True)
             else:
                 status = latest
-                live.update(Group(render_status(status, title=title), hint), refresh=True)
+                live.update(_frame(status, console, title, hint()), refresh=True)
             shown += 1

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sqla_queue.dashboard.csrf import CsrfSigner
 from sqla_queue.dashboard.database import Database
+from sqla_queue.spec import INT8_MAX as BIGINT_MAX
 
 if TYPE_CHECKING:
     from sqla_queue.queue import Queue
@@ -70,6 +71,10 @@ class DashboardConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+            # Each reaches SQL as an integer (a LIMIT, a count of minutes): beyond a bigint
+            # every page would fail with a raw database error instead of this one.
+            if value > BIGINT_MAX:
+                raise ValueError(f"{name} must be at most {BIGINT_MAX}, got {value}")
         if self.page_size > 1000:
             raise ValueError(f"page_size must be at most 1000, got {self.page_size}")
         if self.refresh is not None and (
@@ -129,10 +134,13 @@ def build_app(
     routes = [
         Route("/", views.overview, name="overview"),
         Route("/jobs", views.jobs, name="jobs"),
-        Route("/jobs/{job_id:int}", views.job, name="job"),
+        # Ids (and task names) are taken as text and read by dashboard.params: a route
+        # converter would turn 5,000 digits into a 500, or an id beyond bigint into a
+        # database error.
+        Route("/jobs/{job_id}", views.job, name="job"),
         Route("/workers", views.workers, name="workers"),
-        Route("/jobs/{job_id:int}/requeue", views.requeue, methods=["POST"], name="requeue"),
-        Route("/jobs/{job_id:int}/cancel", views.cancel, methods=["POST"], name="cancel"),
+        Route("/jobs/{job_id}/requeue", views.requeue, methods=["POST"], name="requeue"),
+        Route("/jobs/{job_id}/cancel", views.cancel, methods=["POST"], name="cancel"),
         Route("/tasks/{task}/pause", views.pause, methods=["POST"], name="pause"),
         Route("/tasks/{task}/resume", views.resume, methods=["POST"], name="resume"),
         Route("/tasks/{task}/limit", views.set_limit, methods=["POST"], name="limit"),

@@ -7,17 +7,22 @@ from collections.abc import Sequence
 
 from markupsafe import Markup, escape
 
-__all__ = ["bar_chart", "sparkline"]
+__all__ = ["axis_ticks", "bar_chart", "sparkline"]
 
 
-def _nice_max(value: int) -> int:
-    """The smallest 1, 2 or 5 times a power of ten at or above ``value`` (at least 1)."""
-    step = 1
+def axis_ticks(peak: int, *, most: int = 5) -> list[int]:
+    """The y axis' labels for counts up to ``peak``: 0, then the multiples of one step (1, 2
+    or 5 times a power of ten, the smallest giving at most ``most`` intervals) up to the
+    first at or above ``peak``. Whole numbers only: a count of 3 reads 0, 1, 2, 3."""
+    peak = max(peak, 1)
+    scale = 1
     while True:
         for factor in (1, 2, 5):
-            if step * factor >= value:
-                return step * factor
-        step *= 10
+            step = scale * factor
+            intervals = -(-peak // step)
+            if intervals <= most:
+                return [step * i for i in range(intervals + 1)]
+        scale *= 10
 
 
 def bar_chart(
@@ -32,19 +37,20 @@ def bar_chart(
     the first and last minute on the x axis; each bar has a tooltip."""
     left, bottom, top = 48, 22, 8
     plot_w, plot_h = width - left - 8, height - bottom - top
-    peak = _nice_max(max(counts, default=0))
+    ticks = axis_ticks(max(counts, default=0))
+    peak = ticks[-1]
     slot = plot_w / max(len(counts), 1)
     parts = [
         f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" '
         f'aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">',
         f"<title>{escape(label)}</title>",
     ]
-    for fraction in (0.0, 0.5, 1.0):
-        y = top + plot_h * (1 - fraction)
+    for tick in ticks:
+        y = top + plot_h * (1 - tick / peak)
         parts.append(
             f'<line class="grid" x1="{left}" y1="{y:.1f}" x2="{width - 8}" y2="{y:.1f}"/>'
             f'<text class="axis" x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">'
-            f"{int(peak * fraction):,}</text>"
+            f"{tick:,}</text>"
         )
     for i, n in enumerate(counts):
         if n <= 0:
@@ -67,7 +73,7 @@ def bar_chart(
     return Markup("".join(parts))
 
 
-def sparkline(counts: Sequence[int], *, label: str, width: int = 120, height: int = 24) -> Markup:
+def sparkline(counts: Sequence[int], *, label: str, width: int = 90, height: int = 24) -> Markup:
     """A small bar sparkline of ``counts`` scaled to its own peak (none drawn when all are 0)."""
     peak = max(counts, default=0)
     slot = width / max(len(counts), 1)

@@ -24,6 +24,7 @@ from sqlalchemy import (
     Select,
     Text,
     bindparam,
+    case,
     func,
     literal_column,
     select,
@@ -34,7 +35,7 @@ from sqlalchemy.engine import Connection
 from sqla_queue.admin import BIGINT_MAX
 from sqla_queue.listing import JobRow
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.statements._common import seconds
+from sqla_queue.statements._common import QUEUED, seconds
 from sqla_queue.statements.listing import job_listing_statement, job_state
 
 __all__ = [
@@ -71,10 +72,15 @@ class JobPage:
     rows: tuple[JobRow, ...]
     #: ``before=`` of the next (older) page; ``None`` on the last page.
     next_before: int | None
+    #: By job id, the attempt its execution is on, for the queued jobs (a running job's
+    #: ``attempts`` counts only the attempts that ended).
+    live_attempts: dict[int, int] = field(default_factory=dict)
 
 
 def job_page_statement(tables: QueueTables, filters: JobFilters) -> Select[Any]:
-    """The ``sqla-queue jobs`` listing with ``filters``, below the ``before`` id if given.
+    """The ``sqla-queue jobs`` listing with ``filters``, below the ``before`` id if given,
+    plus ``live_attempt``: the attempt of a queued job's execution (read by its primary
+    key, only for a queued job).
 
     Parameters: those of :class:`~sqla_queue.statements.listing.JobListingParams` for the
     filters given, plus ``before`` (``bigint``) with ``filters.before``. A filter on a key
@@ -89,6 +95,11 @@ def job_page_statement(tables: QueueTables, filters: JobFilters) -> Select[Any]:
         tasks=filters.task is not None,
         about=filters.about_table is not None,
         about_key=filters.about_key is not None,
+    )
+    ex = tables.executions.alias("live")
+    live_attempt = select(ex.c.attempt).where(ex.c.id == jobs.c.id).scalar_subquery()
+    base = base.add_columns(
+        case((jobs.c.status == QUEUED, live_attempt), else_=None).label("live_attempt")
     )
     if filters.before is not None:
         base = base.where(jobs.c.id < bindparam("before", type_=BigInteger))
@@ -118,9 +129,17 @@ def read_job_page(
     if filters.before is not None:
         params["before"] = min(filters.before, BIGINT_MAX)
     rows = connection.execute(job_page_statement(tables, filters), params).all()
-    shown = tuple(JobRow(**row._asdict()) for row in rows[:page_size])
+    shown: list[JobRow] = []
+    live: dict[int, int] = {}
+    for row in rows[:page_size]:
+        values = row._asdict()
+        attempt = values.pop("live_attempt")
+        shown.append(JobRow(**values))
+        if attempt is not None:
+            live[row.id] = int(attempt)
     more = len(rows) > page_size
-    return JobPage(rows=shown, next_before=shown[-1].id if more and shown else None)
+    next_before = shown[-1].id if more and shown else None
+    return JobPage(rows=tuple(shown), next_before=next_before, live_attempts=live)
 
 
 def job_detail_statement(tables: QueueTables) -> Select[Any]:

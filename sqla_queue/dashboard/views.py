@@ -22,12 +22,17 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from sqla_queue.admin import BIGINT_MAX
+from sqla_queue._identifiers import MAX_TASK_NAME
+from sqla_queue.admin import BIGINT_MAX, INTEGER_MAX, RequeueReport
+from sqla_queue.dashboard import params
 from sqla_queue.dashboard.chart import bar_chart, sparkline
 from sqla_queue.dashboard.csrf import COOKIE_NAME, FIELD_NAME, CsrfSigner
 from sqla_queue.dashboard.database import Database
+from sqla_queue.dashboard.params import RequestRefused
 from sqla_queue.dashboard.queries import JobFilters, read_job, read_job_page, read_throughput
-from sqla_queue.errors import SqlaQueueError
+from sqla_queue.errors import CancelBlockedError, SqlaQueueError, UnknownTaskError
+from sqla_queue.links import MAX_ABOUT_TEXT
+from sqla_queue.spec import MAX_QUEUE_ID
 from sqla_queue.statements.listing import JOB_STATES
 from sqla_queue.status import read_status
 
@@ -47,7 +52,6 @@ NOTICES = {
         "Cancel requested: the job is running; its worker learns it within a heartbeat."
     ),
     "cancel-finished": "Nothing was cancelled: the job had already finished.",
-    "cancel-not_found": "Nothing was cancelled: there is no such job.",
     "cancel-blocked": "Nothing was cancelled: the job's rows stayed locked; try again.",
     "paused": "Task paused: workers stop claiming it within their maintenance interval.",
     "resumed": "Task resumed: workers claim it again within their maintenance interval.",
@@ -55,6 +59,7 @@ NOTICES = {
     "limit-unset": "Stored concurrency limit removed: the declared one (if any) applies.",
 }
 
+_ERROR_TITLES = {400: "Bad request", 404: "Not found"}
 _MAX_FORM_BYTES = 16_384
 _FORM_TYPE = "application/x-www-form-urlencoded"
 
@@ -66,15 +71,6 @@ class Access:
     allowed: bool
     #: What ``auth`` returned, as text, when it was not just ``True``.
     identity: str | None = None
-
-
-class _Refused(Exception):
-    """An action refused before anything ran: the status and the reason shown."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
 
 
 def _pretty(value: Any) -> str:
@@ -94,6 +90,12 @@ def _when(value: dt.datetime | str | None) -> str:
     return value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _attempt(ended: int, live: int | None) -> int:
+    """The attempts a job has made, as its state badge reads: ``jobs.attempts`` counts
+    those that ended, and a running job is on its execution's attempt (``live``)."""
+    return max(ended, live or 0)
+
+
 def _seconds(value: float | None) -> str:
     """A duration for people: ``42 s``, ``3 min``, ``2.5 h``; ``-`` for none."""
     if value is None:
@@ -105,6 +107,31 @@ def _seconds(value: float | None) -> str:
     if value < 172_800:
         return f"{value / 3600:.1f} h"
     return f"{value / 86400:.1f} d"
+
+
+def _job_filters(query: Mapping[str, str]) -> JobFilters:
+    """The job list's filters from its query string; :class:`RequestRefused` (400) for a
+    value no job can have."""
+    state = params.optional_text(query, "state", max_length=32)
+    about = params.optional_text(query, "about", max_length=2 * MAX_ABOUT_TEXT + 1)
+    about_table = about_key = None
+    if about is not None:
+        about_table, sep, rest = about.partition(":")
+        if not about_table or (sep and not rest):
+            raise RequestRefused(
+                400, f"The linked row is TABLE or TABLE:KEY (orders:42), not {params.shown(about)}."
+            )
+        params.text("the linked row's table", about_table, max_length=MAX_ABOUT_TEXT)
+        about_key = params.text("the linked row's key", rest, max_length=MAX_ABOUT_TEXT) or None
+    return JobFilters(
+        task=params.optional_text(query, "task", max_length=MAX_TASK_NAME),
+        state=None if state is None else params.choice("state", state.lower(), JOB_STATES),
+        # Not stripped: a key may begin or end with a space.
+        key=params.optional_text(query, "key", max_length=MAX_QUEUE_ID, strip=False),
+        about_table=about_table,
+        about_key=about_key,
+        before=params.optional_whole_number(query, "before", low=1, high=BIGINT_MAX),
+    )
 
 
 class Views:
@@ -181,6 +208,7 @@ class Views:
             "link": link,
             "when": _when,
             "seconds": _seconds,
+            "attempt": _attempt,
             "nav": "",
             **context,
         }
@@ -198,57 +226,60 @@ class Views:
         return response
 
     def exception_handlers(self) -> dict[Any, Any]:
-        """Starlette exception handlers rendering errors as dashboard pages."""
+        """Starlette exception handlers rendering errors as dashboard pages: Starlette's
+        own (an unknown path, a wrong method) and a :class:`RequestRefused` of a view."""
 
         async def http_error(request: Request, exc: Exception) -> Response:
             assert isinstance(exc, HTTPException)
-            return self.render(
-                request,
-                "error.html",
-                {"page_title": str(exc.status_code), "error": exc.detail},
-                await self.access(request),
-                status=exc.status_code,
-            )
+            return await self._error_page(request, exc.status_code, exc.detail)
 
-        return {HTTPException: http_error}
+        async def refused(request: Request, exc: Exception) -> Response:
+            assert isinstance(exc, RequestRefused)
+            return await self._error_page(request, exc.status, exc.reason)
+
+        return {HTTPException: http_error, RequestRefused: refused}
+
+    async def _error_page(self, request: Request, status: int, reason: str) -> Response:
+        title = _ERROR_TITLES.get(status, "Refused")
+        context = {"page_title": title, "error": reason}
+        return self.render(
+            request, "error.html", context, await self.access(request), status=status
+        )
+
+    @staticmethod
+    def _same_origin(request: Request, origin: str) -> bool:
+        try:
+            parts = urlsplit(origin)
+        except ValueError:  # "http://[x": not an origin at all
+            return False
+        return (parts.scheme, parts.netloc) == (request.url.scheme, request.url.netloc)
 
     async def _guard(self, request: Request) -> dict[str, str]:
         """The action's form, once ``auth``, the origin and the CSRF token all agree."""
         access = await self.access(request)
         if not access.allowed:
-            raise _Refused(403, "This dashboard is read-only: actions need the host's auth.")
+            raise RequestRefused(403, "This dashboard is read-only: actions need the host's auth.")
         origin = request.headers.get("origin")
-        if origin is not None and origin != "null":
-            parts = urlsplit(origin)
-            if (parts.scheme, parts.netloc) != (request.url.scheme, request.url.netloc):
-                raise _Refused(403, "Refused: the form was sent from another site.")
+        if origin is not None and origin != "null" and not self._same_origin(request, origin):
+            raise RequestRefused(403, "Refused: the form was sent from another site.")
         body = b""
         async for chunk in request.stream():
             body += chunk
             if len(body) > _MAX_FORM_BYTES:
-                raise _Refused(413, "The form is too large.")
+                raise RequestRefused(413, "The form is too large.")
         # An empty body is an empty form (and fails the token check below).
         if body and not request.headers.get("content-type", "").startswith(_FORM_TYPE):
-            raise _Refused(415, f"Actions take a form ({_FORM_TYPE}).")
+            raise RequestRefused(415, f"Actions take a form ({_FORM_TYPE}).")
         try:
             parsed = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=16)
         except (UnicodeDecodeError, ValueError):
-            raise _Refused(400, "The form could not be read.") from None
+            raise RequestRefused(400, "The form could not be read.") from None
         form = {key: values[-1] for key, values in parsed.items()}
         if not self.signer.check(request.cookies.get(COOKIE_NAME), form.get(FIELD_NAME)):
-            raise _Refused(
+            raise RequestRefused(
                 403, "Refused: the form's CSRF token is missing or invalid. Reload the page."
             )
         return form
-
-    async def _refused(self, request: Request, refused: _Refused) -> Response:
-        return self.render(
-            request,
-            "error.html",
-            {"page_title": "Refused", "error": refused.reason},
-            await self.access(request),
-            status=refused.status,
-        )
 
     # -- pages ---------------------------------------------------------------------------
 
@@ -298,56 +329,31 @@ class Views:
         }
         return self.render(request, "overview.html", context, access, refresh=True)
 
-    def _filters(self, request: Request) -> tuple[JobFilters, str | None]:
-        query = request.query_params
-        task = query.get("task", "").strip() or None
-        state = query.get("state", "").strip().lower() or None
-        key = query.get("key", "") or None
-        about = query.get("about", "").strip()
-        before_text = query.get("before", "").strip()
-        error = None
-        if state is not None and state not in JOB_STATES:
-            error = f"Unknown state {state!r}: use one of {', '.join(JOB_STATES)}."
-            state = None
-        about_table: str | None = None
-        about_key: str | None = None
-        if about:
-            about_table, sep, rest = about.partition(":")
-            about_key = rest if sep else None
-            if not about_table or (sep and not rest):
-                error = f"The linked row is TABLE or TABLE:KEY (orders:42), not {about!r}."
-                about_table = about_key = None
-        before: int | None = None
-        if before_text:
-            if before_text.isdigit() and 1 <= int(before_text) <= BIGINT_MAX + 1:
-                before = int(before_text)
-            else:
-                error = f"before must be a job id, not {before_text!r}."
-        filters = JobFilters(task, state, key, about_table, about_key, before)
-        return filters, error
-
     async def jobs(self, request: Request) -> Response:
         """The job list: filters, newest first, a page at a time (keyset on the id)."""
         access = await self.access(request)
-        filters, error = self._filters(request)
-        shown = {
-            "task": filters.task or "",
-            "state": filters.state or "",
-            "key": filters.key or "",
-            "about": request.query_params.get("about", ""),
-        }
+        query = request.query_params
         context: dict[str, Any] = {
             "page_title": "Jobs",
             "nav": "jobs",
-            "filters": shown,
+            # As typed, so a refused filter can be corrected in place.
+            "filters": {name: query.get(name, "") for name in ("task", "state", "key", "about")},
             "states": JOB_STATES,
             "tasks": sorted(self.queue.tasks),
             "page": None,
-            "first_page": filters.before is None,
         }
-        if error is not None:
-            context["error"] = error
-            return self.render(request, "jobs.html", context, access, status=400)
+        try:
+            filters = _job_filters(query)
+        except RequestRefused as refused:
+            context["error"] = refused.reason
+            return self.render(request, "jobs.html", context, access, status=refused.status)
+        shown = {
+            "task": filters.task,
+            "state": filters.state,
+            "key": filters.key,
+            "about": query.get("about", "").strip(),
+        }
+        context["filters"] = {name: value or "" for name, value in shown.items()}
         queue, size = self.queue, self.config.page_size
         page = await self.db.read(
             lambda connection: read_job_page(connection, queue.tables, filters, page_size=size)
@@ -356,19 +362,33 @@ class Views:
         if page.next_before is not None:
             context["older"] = self._path(request, "jobs", {**shown, "before": page.next_before})
         context["newest"] = self._path(request, "jobs", shown)
+        context["first_page"] = filters.before is None
         return self.render(request, "jobs.html", context, access)
 
     async def job(self, request: Request) -> Response:
         """One job: arguments, every attempt's error, result, links, live execution."""
         access = await self.access(request)
-        job_id = int(request.path_params["job_id"])
+        job_id = params.job_id(request.path_params["job_id"])
         queue = self.queue
         job = await self.db.read(lambda connection: read_job(connection, queue.tables, job_id))
         if job is None:
-            raise HTTPException(404, f"There is no job {job_id}.")
+            raise RequestRefused(404, f"There is no job {job_id}.")
+        return self._job_page(request, job, access)
+
+    def _job_page(
+        self,
+        request: Request,
+        job: dict[str, Any],
+        access: Access,
+        *,
+        refused: str | None = None,
+        held_by: int | None = None,
+    ) -> Response:
+        """The page of ``job`` (a :func:`read_job` row); with ``refused``, the reason an
+        action on it was not done (409), and the job holding its key (``held_by``)."""
         payload = job["payload"] if isinstance(job["payload"], dict) else {}
         context = {
-            "page_title": f"Job {job_id}",
+            "page_title": f"Job {job['id']}",
             "nav": "jobs",
             "job": job,
             "args": _pretty(payload.get("args", [])),
@@ -377,8 +397,11 @@ class Views:
             "errors": list(reversed(job["errors"] or [])),
             "can_requeue": job["status"] in ("failed", "cancelled"),
             "can_cancel": job["status"] == "queued",
+            "error": refused,
+            "held_by": held_by,
         }
-        return self.render(request, "job.html", context, access)
+        status = 200 if refused is None else 409
+        return self.render(request, "job.html", context, access, status=status)
 
     async def workers(self, request: Request) -> Response:
         """The live workers, as their last beats left them."""
@@ -391,49 +414,55 @@ class Views:
     # -- actions -------------------------------------------------------------------------
 
     async def requeue(self, request: Request) -> Response:
-        """Put a failed or cancelled job back in the queue."""
-        try:
-            await self._guard(request)
-        except _Refused as refused:
-            return await self._refused(request, refused)
-        job_id = int(request.path_params["job_id"])
+        """Put a failed or cancelled job back in the queue. One whose unique key another
+        job holds stays as it is: its page says so (409), naming that job."""
+        await self._guard(request)
+        job_id = params.job_id(request.path_params["job_id"])
         queue = self.queue
-        done = await self.db.write(lambda connection: queue.requeue(connection, [job_id]))
-        code = "requeued" if done else "not-requeued"
+
+        def run(connection: Connection) -> tuple[dict[str, Any] | None, RequeueReport | None]:
+            job = read_job(connection, queue.tables, job_id)
+            return job, None if job is None else queue.requeue(connection, [job_id])
+
+        job, report = await self.db.write(run)
+        if job is None or report is None:
+            raise RequestRefused(404, f"Nothing was requeued: there is no job {job_id}.")
+        reason = report.refused.get(job_id)
+        if reason is not None:
+            return self._job_page(
+                request,
+                job,
+                await self.access(request),
+                refused=f"Job {job_id} was not requeued: {reason}.",
+                held_by=report.held_by.get(job_id),
+            )
+        code = "requeued" if report else "not-requeued"
         return RedirectResponse(self._path(request, "job", {"done": code}, job_id=job_id), 303)
 
     async def cancel(self, request: Request) -> Response:
         """Cancel a queued job, or ask a running one to stop."""
-        from sqla_queue.errors import CancelBlockedError
-
-        try:
-            await self._guard(request)
-        except _Refused as refused:
-            return await self._refused(request, refused)
-        job_id = int(request.path_params["job_id"])
+        await self._guard(request)
+        job_id = params.job_id(request.path_params["job_id"])
         try:
             outcomes = await self.db.cancel(self.queue, [job_id])
-            code = f"cancel-{outcomes.get(job_id, 'not_found')}"
         except CancelBlockedError:
-            code = "cancel-blocked"
-        return RedirectResponse(self._path(request, "job", {"done": code}, job_id=job_id), 303)
+            outcomes = {job_id: "blocked"}
+        outcome = outcomes.get(job_id, "not_found")
+        if outcome == "not_found":
+            raise RequestRefused(404, f"Nothing was cancelled: there is no job {job_id}.")
+        return RedirectResponse(
+            self._path(request, "job", {"done": f"cancel-{outcome}"}, job_id=job_id), 303
+        )
 
     async def _task_action(self, request: Request, action: str) -> Response:
-        try:
-            form = await self._guard(request)
-        except _Refused as refused:
-            return await self._refused(request, refused)
-        task = str(request.path_params["task"])
+        form = await self._guard(request)
+        # Whether the queue has the task is the queue's to say (UnknownTaskError, a 404
+        # below): a task that is gone may still be resumed, or its limit removed.
+        task = params.text("task", request.path_params["task"], max_length=MAX_TASK_NAME)
         queue = self.queue
         limit: int | None = None
         if action == "limit":
-            text = form.get("limit", "").strip()
-            if text:
-                if not text.isdigit():
-                    return await self._refused(
-                        request, _Refused(400, f"A limit is a whole number, not {text!r}.")
-                    )
-                limit = int(text)
+            limit = params.optional_whole_number(form, "limit", low=1, high=INTEGER_MAX)
 
         def run(connection: Connection) -> None:
             if action == "pause":
@@ -445,8 +474,11 @@ class Views:
 
         try:
             await self.db.write(run)
+        except UnknownTaskError:
+            # The queue's message lists every task it knows: too long for a banner.
+            raise RequestRefused(404, f"This queue has no task {params.shown(task)}.") from None
         except (SqlaQueueError, ValueError, TypeError) as exc:
-            return await self._refused(request, _Refused(400, str(exc)))
+            raise RequestRefused(400, str(exc)) from None
         code = {"pause": "paused", "resume": "resumed"}.get(action)
         if code is None:
             code = "limit-set" if limit is not None else "limit-unset"

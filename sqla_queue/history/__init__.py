@@ -19,15 +19,15 @@ async twins (a coroutine is returned for the async ones); nothing here commits.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Coroutine
-from typing import Any, overload
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar, overload
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from sqla_queue._binds import AnyBind, run_flow
-from sqla_queue.history.layout import DEFAULT_INTERVAL, INTERVALS, history_names
+from sqla_queue._binds import AnyBind, Flow, on_connection, options_of, run_flow
+from sqla_queue.history.layout import DEFAULT_INTERVAL, INTERVALS, HistoryNames, history_names
 from sqla_queue.history.partitions import (
     HistoryPartition,
     MaintainReport,
@@ -37,6 +37,8 @@ from sqla_queue.history.partitions import (
     prune_flow,
 )
 from sqla_queue.models.tables import HistoryLayout, QueueTables
+
+T = TypeVar("T")
 
 __all__ = [
     "DEFAULT_AHEAD",
@@ -102,8 +104,10 @@ def maintain_history(
     at most 400 per branch per call. Runs in the caller's transaction: commit it.
     """
     _require_partitioned(tables)
-    flow = ensure_flow(tables, history_names(tables), ahead=_check_ahead(ahead), backfill=backfill)
-    return run_flow(bind, flow)
+    ahead = _check_ahead(ahead)
+    return _run_on_names(
+        bind, tables, lambda names: ensure_flow(tables, names, ahead=ahead, backfill=backfill)
+    )
 
 
 @overload
@@ -147,14 +151,18 @@ def prune_history(
     from sqla_queue.admin import check_age
 
     _require_partitioned(tables)
-    flow = prune_flow(
+    age = check_age(older_than)
+    return _run_on_names(
+        bind,
         tables,
-        history_names(tables),
-        older_than=check_age(older_than),
-        include_failed=bool(include_failed),
-        detach=bool(detach),
+        lambda names: prune_flow(
+            tables,
+            names,
+            older_than=age,
+            include_failed=bool(include_failed),
+            detach=bool(detach),
+        ),
     )
-    return run_flow(bind, flow)
 
 
 @overload
@@ -174,4 +182,18 @@ def history_partitions(
 ) -> list[HistoryPartition] | Coroutine[Any, Any, list[HistoryPartition]]:
     """Every partition of finished jobs, oldest first within each branch."""
     _require_partitioned(tables)
-    return run_flow(bind, list_flow(history_names(tables)))
+    return _run_on_names(bind, tables, list_flow)
+
+
+def _run_on_names(
+    bind: AnyBind, tables: QueueTables, make_flow: Callable[[HistoryNames], Flow[T]]
+) -> T | Coroutine[Any, Any, T]:
+    """Run the flow ``make_flow`` builds for the history's names as ``bind``'s connection
+    sees them: a tenant's ``schema_translate_map`` moves the partitions (and the lock that
+    serializes their maintenance) to the tenant's schema."""
+
+    def run(connection: Any) -> Any:
+        translate = options_of(connection).get("schema_translate_map")
+        return run_flow(connection, make_flow(history_names(tables, translate)))
+
+    return on_connection(bind, run)

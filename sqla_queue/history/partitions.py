@@ -15,10 +15,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Double, bindparam, text
+from sqlalchemy import DateTime, Double, bindparam, text
 from sqlalchemy.sql import Executable
 
 from sqla_queue._binds import Flow
+from sqla_queue.core.times import EARLIEST_DUE
 from sqla_queue.history.layout import (
     HistoryNames,
     floor_to_interval,
@@ -97,9 +98,27 @@ class PruneReport:
     detached: bool
 
 
+# A bound as pg_get_expr writes it: the local time, then the offset of the session's
+# TimeZone: "-05", "+05:30", "+00:44:30", up to "+167:59".
+_SPELLED_BOUND = re.compile(
+    r"(\d{4,}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)([+-])(\d+)(?::(\d\d))?(?::(\d\d))?"
+)
+
+
 def _timestamp(spelling: str) -> dt.datetime:
-    # pg_get_expr writes the bound in the session's TimeZone, with its offset.
-    return dt.datetime.fromisoformat(spelling)
+    """A partition bound, in UTC, whatever the session's TimeZone.
+
+    The offset is applied here: Python's ``fromisoformat`` takes offsets below 24 hours
+    only, and PostgreSQL accepts a session offset of up to 167:59 (which its own
+    timestamp input then refuses).
+    """
+    match = _SPELLED_BOUND.fullmatch(spelling)
+    if match is None:
+        raise ValueError(f"cannot read the partition bound {spelling!r}")
+    local, sign, hours, minutes, seconds = match.groups()
+    offset = dt.timedelta(hours=int(hours), minutes=int(minutes or 0), seconds=int(seconds or 0))
+    utc = dt.datetime.fromisoformat(local) - (offset if sign == "+" else -offset)
+    return utc.replace(tzinfo=dt.UTC)
 
 
 def _parse(rows: Iterable[Any]) -> tuple[dict[str, str], list[HistoryPartition]]:
@@ -270,11 +289,14 @@ def prune_flow(
     yield _lock_timeout()
     yield _serialize(names, wait=True)
     _, existing = _parse((yield _catalog(names)))
+    # The cutoff comes back to Python, whose datetime stops at the year 1: an age that
+    # reaches further back (3,000 years is allowed) is cut at EARLIEST_DUE, which selects
+    # what it would (nothing finished before then) and loads at any session time zone.
     ((cutoff,),) = yield (
-        text("SELECT now() - make_interval(secs => :age)").bindparams(
-            bindparam("age", type_=Double)
+        text("SELECT greatest(now() - make_interval(secs => :age), :earliest)").bindparams(
+            bindparam("age", type_=Double), bindparam("earliest", type_=DateTime(timezone=True))
         ),
-        {"age": older_than},
+        {"age": older_than, "earliest": EARLIEST_DUE},
     )
     q = names.qualified
     keys = tables.unique_keys

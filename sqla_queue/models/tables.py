@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import (
@@ -181,6 +181,9 @@ class QueueTables:
     prefix: str
     #: The :class:`HistoryLayout` of the jobs table.
     history: str = HistoryLayout.PLAIN
+    #: Where a connection's ``schema_translate_map`` puts the tables (one name), or empty
+    #: when no map moves them: see :meth:`translated`.
+    moved_to: tuple[str | None, ...] = ()
 
     @property
     def all(self) -> tuple[Table, ...]:
@@ -198,14 +201,34 @@ class QueueTables:
         )
 
     @property
+    def effective_schema(self) -> str | None:
+        """The schema the rows are in for the connections these tables serve: ``schema``,
+        or the one a ``schema_translate_map`` moved it to (see :meth:`translated`)."""
+        return self.moved_to[0] if self.moved_to else self.schema
+
+    def translated(self, translate_map: Mapping[Any, Any] | None) -> QueueTables:
+        """These tables as a connection with the ``schema_translate_map`` option sees them.
+
+        SQLAlchemy moves the tables' statements to the translated schema; every name that
+        the library derives from the schema itself (the NOTIFY channels, the advisory lock
+        keys) must move with them, or two tenants of one queue would wake, wait for and
+        answer each other. The copy names the translated schema in
+        :attr:`effective_schema`; ``schema`` stays the declared one, which is what the
+        map translates. Without a map that moves the schema, ``self`` is returned.
+        """
+        target = translated_schema(self.schema, translate_map)
+        moved_to = () if target == self.schema else (target,)
+        return self if moved_to == self.moved_to else replace(self, moved_to=moved_to)
+
+    @property
     def notify_channel(self) -> str:
         """The LISTEN/NOTIFY channel on which enqueues wake idle workers."""
-        return f"{self.schema or 'public'}.{self.prefix}wakeup"
+        return f"{self.effective_schema or 'public'}.{self.prefix}wakeup"
 
     @property
     def finished_channel(self) -> str:
         """The channel on which the completion of an awaited job sends the job's id."""
-        return f"{self.schema or 'public'}.{self.prefix}finished"
+        return f"{self.effective_schema or 'public'}.{self.prefix}finished"
 
 
 def translated_schema(schema: str | None, translate_map: Mapping[Any, Any] | None) -> str | None:

@@ -299,7 +299,9 @@ def verify_schema(connection: Connection, tables: QueueTables) -> None:
         found = "no queue tables"
     else:
         found = "an incomplete queue (no executions table, so no recorded version)"
-    problems = report.problems(tables.schema)
+    # Named where they are missing: a tenant's schema, when the connection's map moves it.
+    translate = connection.get_execution_options().get("schema_translate_map")
+    problems = report.problems(translated_schema(tables.schema, translate))
     listing = "\n".join(f"  - {line}" for line in problems)
     if version is not None and 0 < version < SCHEMA_VERSION:
         # create_all skips tables that exist, so it cannot be the fix for an older install.

@@ -5,7 +5,12 @@ bound parameters only, so a test can compile it with the PostgreSQL dialect with
 database, and SQLAlchemy's compiled cache serves every later execution.
 """
 
-from sqla_queue.statements.admin import failed_jobs_statement, prune_statement, requeue_statement
+from sqla_queue.statements.admin import (
+    failed_jobs_statement,
+    prune_statement,
+    requeue_keys_statement,
+    requeue_statement,
+)
 from sqla_queue.statements.bounded import bound_lock_statement, pending_count_statement
 from sqla_queue.statements.claim import claim_statement
 from sqla_queue.statements.complete import complete_statement
@@ -53,6 +58,7 @@ __all__ = [
     "reclaim_statement",
     "release_daemons_statement",
     "renew_daemons_statement",
+    "requeue_keys_statement",
     "requeue_statement",
     "set_limit_statement",
 ]

@@ -29,7 +29,8 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_queue.models.tables import JobStatus, QueueTables
-from sqla_queue.statements._common import DONE, FAILED, PENDING, QUEUED, seconds, state_literal
+from sqla_queue.statements._common import DONE, FAILED, QUEUED, seconds, state_literal
+from sqla_queue.statements.enqueue import keyed_rows
 
 __all__ = [
     "FailedJobsParams",
@@ -37,6 +38,7 @@ __all__ = [
     "RequeueParams",
     "failed_jobs_statement",
     "prune_statement",
+    "requeue_keys_statement",
     "requeue_statement",
 ]
 
@@ -64,48 +66,74 @@ class PruneParams(TypedDict):
     include_failed: bool
 
 
+def requeue_keys_statement(tables: QueueTables) -> Select[Any]:
+    """The unique keys of the jobs a requeue would put back: ``(id, task, unique_key)``.
+
+    Parameters: :class:`RequeueParams`. Only failed and cancelled jobs enqueued with a
+    ``unique_key`` are listed, in id order: each must take its key again
+    (:func:`~sqla_queue.statements.unique.take_keys_statement`) before it is requeued.
+    """
+    jobs = tables.jobs
+    return (
+        select(jobs.c.id, jobs.c.task, jobs.c.unique_key)
+        .where(
+            jobs.c.id == any_(bindparam("ids", type_=ARRAY(BigInteger))),
+            _requeueable(jobs),
+            jobs.c.unique_key.is_not(None),
+        )
+        .order_by(jobs.c.id)
+    )
+
+
+def _requeueable(jobs: Any) -> Any:
+    return jobs.c.status.in_([FAILED, state_literal(JobStatus.CANCELLED)])
+
+
 def requeue_statement(tables: QueueTables) -> Select[int]:
     """Put failed or cancelled jobs back in the queue with a fresh set of attempts.
 
     Parameters: :class:`RequeueParams`, the ids (bigint[]). Jobs in any other state are
     left alone, so requeueing twice, or requeueing a job that is still queued, never creates
     a second execution. Their error history is kept. Returns the ids that were requeued.
+
+    A keyed job (``queue_id``) goes back in line as a new job due now would
+    (:func:`~sqla_queue.statements.enqueue.keyed_rows`): it waits behind its key's head
+    and the jobs already waiting, and is ``pending`` only when its key is idle. A unique
+    job must have taken its key first (see :func:`requeue_keys_statement`): the caller
+    names only the ids it may requeue.
     """
     jobs = tables.jobs
     ex = tables.executions
     revived = (
         update(jobs)
-        .where(
-            jobs.c.id == any_(bindparam("ids", type_=ARRAY(BigInteger))),
-            jobs.c.status.in_([FAILED, state_literal(JobStatus.CANCELLED)]),
-        )
+        .where(jobs.c.id == any_(bindparam("ids", type_=ARRAY(BigInteger))), _requeueable(jobs))
         .values(status=QUEUED, finished_at=null(), attempts=0)
-        .returning(jobs.c.id, jobs.c.task, jobs.c.priority, jobs.c.queue_id)
+        .returning(
+            jobs.c.id,
+            jobs.c.task,
+            jobs.c.priority,
+            jobs.c.queue_id,
+            func.now().label("scheduled_at"),
+        )
         .cte("revived")
     )
+    back = pg_insert(ex).from_select(
+        ["id", "task", "priority", "queue_id", "state", "execute_at"],
+        keyed_rows(tables, revived),
+    )
     added = (
-        pg_insert(ex)
-        .from_select(
-            ["id", "task", "priority", "queue_id", "state", "execute_at"],
-            select(
-                revived.c.id,
-                revived.c.task,
-                revived.c.priority,
-                revived.c.queue_id,
-                PENDING,
-                func.now(),
-            ),
-        )
         # A finished execution may still be parked 'done' (a keyed job, or a cancelled
-        # one, until the workers' next sweep): it becomes the new pending execution.
-        .on_conflict_do_update(
+        # one, until the workers' next sweep): it becomes the new execution. It has not
+        # started (no lease), so it holds no key's head until it is claimed.
+        back.on_conflict_do_update(
             index_elements=[ex.c.id],
             set_={
-                "state": PENDING,
-                "execute_at": func.now(),
+                "state": back.excluded.state,
+                "execute_at": back.excluded.execute_at,
                 "attempt": 0,
                 "worker_id": null(),
                 "alive_at": null(),
+                "lease_seconds": null(),
                 "slot": null(),
                 "cancel_requested": false(),
             },

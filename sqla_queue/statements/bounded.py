@@ -52,11 +52,13 @@ class PendingCountParams(TypedDict):
 def bound_lock_key(tables: QueueTables, task: str) -> str:
     """The name of ``task``'s enqueue lock in the queue of ``tables``.
 
-    Two queues (another schema or prefix) never share a task's lock. A name is hashed to
-    the 64-bit key of a PostgreSQL advisory lock; a collision with another name only makes
+    Two queues (another schema or prefix) never share a task's lock, nor do two tenants of
+    one queue: the name holds the schema a ``schema_translate_map`` moved the tables to
+    (:meth:`~sqla_queue.models.tables.QueueTables.translated`). A name is hashed to the
+    64-bit key of a PostgreSQL advisory lock; a collision with another name only makes
     two enqueuers wait for each other, it never lets one skip the lock.
     """
-    return f"sqla_queue max_pending {tables.schema or ''}.{tables.prefix} {task}"
+    return f"sqla_queue max_pending {tables.effective_schema or ''}.{tables.prefix} {task}"
 
 
 def bound_lock_statement(tables: QueueTables) -> Select[tuple[object]]:

@@ -49,6 +49,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements._common import ONE, PENDING, QUEUED, RUNNING, seconds
+from sqla_queue.statements.keys import started_elsewhere, waiting_before
 
 __all__ = [
     "ClaimParams",
@@ -116,27 +117,37 @@ def _batch_size() -> Any:
 
 
 def _is_head(tables: QueueTables, row: Any) -> ColumnElement[bool]:
-    """No execution of the same ``queue_id`` runs, and no queued one comes before ``row``.
+    """``row`` is its key's head: the next job of its ``queue_id`` to run, and nothing of
+    the key runs.
 
-    Two probes: ``queue_running_uq`` for a running execution of the key, whatever its
-    place in the order (a job enqueued with a due time before the running one's would
-    otherwise count as the head, and its claim would collide with the running one in that
-    unique index, failing every claim of the batch until it finished), and
-    ``queue_active_ix`` for an earlier queued one. Waiting executions are in neither
-    index: they are behind a queued or running one of their key by construction, and a
-    key's waiting backlog, however long, is never walked.
+    No execution of the key runs (one probe of ``queue_running_uq``), whatever its place
+    in the order: a job enqueued with a due time before the running one's would otherwise
+    count as the head, and its claim would collide with the running one in that unique
+    index, failing every claim of the batch until it finished. Then either ``row`` has
+    started before (it was retried, rescheduled, handed back or reclaimed: it keeps its
+    place whatever its new due time), or it comes first: no other job of the key has
+    started and not finished (a walk of the key's few pending rows in
+    ``queue_active_ix``, see :func:`~sqla_queue.statements.keys.started_elsewhere`), no
+    pending one comes before it (one probe of ``queue_active_ix``) and no waiting one
+    (one probe of ``waiting_ix``: a job left waiting ahead while its promotion is owed
+    goes first). None of them walks a key's waiting backlog.
     """
     r = tables.executions.alias("r_key")
     p = tables.executions.alias("p")
+    comes_first = and_(
+        ~exists().where(
+            p.c.queue_id == row.c.queue_id,
+            or_(p.c.state == PENDING, p.c.state == RUNNING),
+            tuple_(p.c.execute_at, p.c.id) < tuple_(row.c.execute_at, row.c.id),
+        ),
+        ~waiting_before(tables, row),
+        ~started_elsewhere(tables, row.c.queue_id, other_than=row.c.id),
+    )
     return or_(
         row.c.queue_id.is_(None),
         and_(
             ~exists().where(r.c.queue_id == row.c.queue_id, r.c.state == RUNNING),
-            ~exists().where(
-                p.c.queue_id == row.c.queue_id,
-                or_(p.c.state == PENDING, p.c.state == RUNNING),
-                tuple_(p.c.execute_at, p.c.id) < tuple_(row.c.execute_at, row.c.id),
-            ),
+            or_(row.c.lease_seconds.is_not(None), comes_first),
         ),
     )
 

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Text,
     any_,
     bindparam,
+    exists,
     func,
     or_,
     select,
@@ -26,13 +27,16 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, Insert, insert
 
 from sqla_queue.models.tables import QueueTables
+from sqla_queue.statements._common import PENDING
 
 __all__ = [
     "ControlledTasksParams",
+    "RateBacklogParams",
     "RateLockParams",
     "SetPausedParams",
     "SetRateParams",
     "controlled_tasks_statement",
+    "rate_backlog_statement",
     "rate_lock_statement",
     "set_paused_statement",
     "set_rate_statement",
@@ -54,6 +58,13 @@ class RateLockParams(TypedDict):
     rate_task: str
 
 
+class RateBacklogParams(TypedDict):
+    """Parameters of :func:`rate_backlog_statement`."""
+
+    #: The rate-limited task whose window a claim found full.
+    rate_task: str
+
+
 class SetPausedParams(TypedDict):
     """Parameters of :func:`set_paused_statement`."""
 
@@ -71,17 +82,46 @@ class SetRateParams(TypedDict):
 
 
 def controlled_tasks_statement(tables: QueueTables) -> Select[Any]:
-    """Which of ``tasks`` are paused or rate-limited: ``(task, paused, rated)`` rows.
+    """Which of ``tasks`` are paused or rate-limited: ``(task, paused, rated, rate_max,
+    rate_seconds)`` rows.
 
     Read by every worker's maintenance. Tasks without a control row, or whose row holds
-    neither, come back as nothing: they are claimed as before.
+    neither, come back as nothing: they are claimed as before. The limit itself comes
+    along so that a worker waiting on a full window notices an operator's change.
     Parameters: :class:`ControlledTasksParams`.
     """
     c = tables.controls
-    return select(c.c.task, c.c.paused, c.c.rate_max.is_not(None).label("rated")).where(
+    return select(
+        c.c.task,
+        c.c.paused,
+        c.c.rate_max.is_not(None).label("rated"),
+        c.c.rate_max,
+        c.c.rate_seconds,
+    ).where(
         c.c.task == any_(bindparam("tasks", type_=ARRAY(Text))),
         or_(c.c.paused, c.c.rate_max.is_not(None)),
     )
+
+
+def rate_backlog_statement(tables: QueueTables) -> Select[Any]:
+    """Whether ``rate_task`` has a pending execution that is due now: one row, ``(due,)``.
+
+    A burst run asks it, after its claim and in the same transaction (so the rows that
+    claim took no longer count), when the claim found the task's window full: a window
+    that holds back due jobs is waited for, one that holds back nothing is not. One
+    probe of each partial index the claim walks (fresh rows, rows that kept a seat).
+    A keyed job behind its key's running head counts too: it is due, only later in line.
+    Parameters: :class:`RateBacklogParams`.
+    """
+    ex = tables.executions
+    task = bindparam("rate_task", type_=Text)
+
+    def due(slot: Any) -> Any:
+        return exists().where(
+            ex.c.task == task, ex.c.state == PENDING, slot, ex.c.execute_at <= func.now()
+        )
+
+    return select(or_(due(ex.c.slot.is_(None)), due(ex.c.slot.is_not(None))).label("due"))
 
 
 def rate_lock_statement(tables: QueueTables) -> Select[Any]:

@@ -31,8 +31,15 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements._common import ONE, PENDING, RUNNING, WAITING, seconds
+from sqla_queue.statements.keys import started_elsewhere
 
-__all__ = ["ENQUEUE_ROW_FIELDS", "EnqueueParams", "EnqueueRow", "enqueue_statement"]
+__all__ = [
+    "ENQUEUE_ROW_FIELDS",
+    "EnqueueParams",
+    "EnqueueRow",
+    "enqueue_statement",
+    "keyed_rows",
+]
 
 
 class _OptionalRowFields(TypedDict, total=False):
@@ -154,7 +161,7 @@ def enqueue_statement(tables: QueueTables, *, notify: bool, keyed: bool = True) 
     )
     columns = ["id", "task", "priority", "queue_id", "state", "execute_at"]
     if keyed:
-        rows = _keyed_rows(tables, new_jobs)
+        rows = keyed_rows(tables, new_jobs)
     else:
         rows = select(
             new_jobs.c.id,
@@ -180,15 +187,23 @@ def enqueue_statement(tables: QueueTables, *, notify: bool, keyed: bool = True) 
     )
 
 
-def _keyed_rows(tables: QueueTables, new_jobs: Any) -> Select[Any]:
+def keyed_rows(tables: QueueTables, new_jobs: Any) -> Select[Any]:
     """The executions of ``new_jobs``, each keyed one ``waiting`` or ``pending`` as it must be.
 
+    ``new_jobs`` has the columns ``id``, ``task``, ``priority``, ``queue_id`` and
+    ``scheduled_at`` (the due time); the result has ``id``, ``task``, ``priority``,
+    ``queue_id``, the state and the due time, ready to insert. A requeue puts its jobs
+    back in line through it too.
+
     A keyed job waits (outside the claim's indexes) behind its key's head: when one of
-    the key's pending or running executions comes before it, when an earlier job of its
-    key is in this batch, or when the key has no head but waiting jobs (a head finished
-    and its successor is not promoted yet; promotion goes in order, so the new job takes
-    its place among them). Each key needs two probes: the head, first of the few pending
-    and running rows (queue_active_ix), and any one waiting row (waiting_ix), never a walk
+    the key's jobs has started and not finished (running, or back to pending after a
+    retry, a reschedule, a hand-back or a reclaim: it keeps its place whatever its new
+    due time), when one of the key's pending or running executions comes before it, when
+    an earlier job of its key is in this batch, or when the key has no head but waiting
+    jobs (a head finished and its successor is not promoted yet; promotion goes in order,
+    so the new job takes its place among them). Each key needs two probes and a walk of
+    its few pending and running rows: the head, first of those rows (queue_active_ix),
+    whether one of them has started, and any one waiting row (waiting_ix), never a walk
     of the key's waiting backlog, which a hot key makes long. The rows found are locked
     KEY SHARE, which keeps the waiting job from being forgotten: the worker that finishes
     one of them cannot delete it while this transaction runs (it leaves it 'done'), so
@@ -224,6 +239,7 @@ def _keyed_rows(tables: QueueTables, new_jobs: Any) -> Select[Any]:
             keys.c.queue_id,
             head.c.execute_at.label("head_at"),
             (backlog.c.execute_at.is_not(None)).label("has_waiting"),
+            started_elsewhere(tables, keys.c.queue_id).label("started"),
         )
         .select_from(keys.outerjoin(head, true()).outerjoin(backlog, true()))
         .cte("ahead")
@@ -235,6 +251,7 @@ def _keyed_rows(tables: QueueTables, new_jobs: Any) -> Select[Any]:
     state = case(
         (ranked.c.queue_id.is_(None), PENDING),
         (ranked.c.turn > 1, WAITING),
+        (ahead.c.started, WAITING),
         (ahead.c.head_at <= ranked.c.scheduled_at, WAITING),
         (and_(ahead.c.head_at.is_(None), ahead.c.has_waiting), WAITING),
         else_=PENDING,

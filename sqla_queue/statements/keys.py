@@ -21,6 +21,12 @@ indexes (see :func:`~sqla_queue.statements.enqueue.enqueue_statement`). It becom
 Promoting a waiting job is always safe: the claim still checks that a pending job is the
 head of its key. Only a job left waiting with nothing ahead of it would be a problem, and
 these three paths rule that out.
+
+A key's order is the order its jobs entered it: ``(execute_at, id)`` as each was enqueued
+(or requeued). A job that has started keeps the head until it finishes: a retry, a
+reschedule, a hand-back at shutdown or a reclaim moves its due time, not its place.
+:func:`started_elsewhere` finds such a job (running, or pending with the lease its claim
+set), and the claim, the enqueue and every promotion here defer to it.
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ __all__ = [
     "clear_done_statement",
     "orphan_sweep_statement",
     "promote_statement",
+    "started_elsewhere",
+    "waiting_before",
 ]
 
 
@@ -83,15 +91,57 @@ class SweepParams(TypedDict):
     limit: int
 
 
+def started_elsewhere(tables: QueueTables, queue_id: Any, other_than: Any = None) -> Any:
+    """Whether a job of ``queue_id`` has started and not finished (``other_than`` aside).
+
+    A job that has started keeps its key's head until it finishes: a retry, a reschedule,
+    a hand-back at shutdown or a reclaim puts it back to pending at a later due time, but
+    not behind the jobs that came after it. Such an execution is running, or pending
+    with ``lease_seconds`` set (every claim sets it; an enqueue or a requeue writes
+    NULL). One walk of ``queue_active_ix`` over the key's pending and running rows: a
+    key has one of those, or a few (jobs enqueued each due before every earlier one, or
+    enqueues that raced), never its waiting backlog.
+    """
+    s = tables.executions.alias("started")
+    conditions = [
+        s.c.queue_id == queue_id,
+        or_(s.c.state == PENDING, s.c.state == RUNNING),
+        s.c.lease_seconds.is_not(None),
+    ]
+    if other_than is not None:
+        conditions.append(s.c.id != other_than)
+    # A scalar probe, not EXISTS: the planner may run an EXISTS as one hash of every
+    # started row of the table, built by a scan of it.
+    first = select(s.c.id).where(*conditions).limit(ONE).correlate_except(s).scalar_subquery()
+    return first.is_not(None)
+
+
+def waiting_before(tables: QueueTables, row: Any) -> Any:
+    """Whether a waiting job of ``row``'s key comes before it in ``(execute_at, id)`` order.
+
+    One probe of ``waiting_ix``. A job left waiting ahead of a pending one (its key's head
+    finished while an enqueue held it, or was moved later by a replace) must be promoted
+    and run first.
+    """
+    w = tables.executions.alias("w_before")
+    return exists().where(
+        w.c.queue_id == row.c.queue_id,
+        w.c.state == WAITING,
+        tuple_(w.c.execute_at, w.c.id) < tuple_(row.c.execute_at, row.c.id),
+    )
+
+
 def _first_waiting(tables: QueueTables, keys: Any) -> Any:
     """Per key of ``keys``: its first waiting execution, if its turn has come.
 
-    Its turn has come when no pending or running execution of the key comes before it in
-    ``(execute_at, id)`` order (a retried head that moved behind it lets it go first, as
-    the order says), and no finished execution of the key is parked as ``done``: an
-    enqueue that held that one may be about to commit a job that comes first, and the
-    sweep that deletes the parked row promotes the key once that job is visible. One probe
-    each of ``waiting_ix``, ``queue_active_ix`` and ``done_ix`` per key.
+    Its turn has come when no job of its key has started and not finished (a retried,
+    rescheduled, handed-back or reclaimed head keeps its place, whatever its new due
+    time: see :func:`started_elsewhere`), no pending execution of the key comes before
+    it in ``(execute_at, id)`` order, and no finished execution of the key is parked as
+    ``done``: an enqueue that held that one may be about to commit a job that comes
+    first, and the sweep that deletes the parked row promotes the key once that job is
+    visible. One probe each of ``waiting_ix``, ``queue_active_ix`` and ``done_ix`` per
+    key, and a walk of the key's few pending and running rows.
 
     Nothing is locked here, and nothing is skipped: the promotion must be the first waiting
     job, never the one after it because another transaction holds the first.
@@ -114,7 +164,11 @@ def _first_waiting(tables: QueueTables, keys: Any) -> Any:
     )
     d = ex.alias("d")
     parked = exists().where(d.c.queue_id == first.c.queue_id, d.c.state == DONE)
-    return select(first.c.id).select_from(keys.join(first, true())).where(~active_ahead, ~parked)
+    return (
+        select(first.c.id)
+        .select_from(keys.join(first, true()))
+        .where(~active_ahead, ~started_elsewhere(tables, first.c.queue_id), ~parked)
+    )
 
 
 def _promote(tables: QueueTables, chosen: Any) -> ReturningUpdate[tuple[int]]:

@@ -21,6 +21,7 @@ from sqlalchemy import Double, Integer, Select, bindparam, func, literal_column,
 from sqlalchemy.sql.elements import ColumnElement
 
 from sqla_queue.models.tables import QueueTables
+from sqla_queue.spec import INT8_MAX
 from sqla_queue.statements._common import FAILED, PENDING, RUNNING, WAITING, seconds
 
 __all__ = [
@@ -67,9 +68,9 @@ class LiveWorkersParams(TypedDict):
 
 
 def _whole(value: int, what: str) -> ColumnElement[Any]:
-    # Rendered into the text: only a checked int ever gets there.
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{what} must be a whole number of at least 1, got {value!r}")
+    # Rendered into the text: only a checked int that a LIMIT (bigint) holds gets there.
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT8_MAX:
+        raise ValueError(f"{what} must be a whole number from 1 to {INT8_MAX}, got {value!r}")
     return literal_column(str(value), Integer)
 
 

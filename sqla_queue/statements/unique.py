@@ -170,7 +170,8 @@ def bind_keys_statement(tables: QueueTables) -> ReturningUpdate[Any]:
     """Point each key this transaction took at its new job, with the job's scope.
 
     Parameters: :class:`BindKeysParams`; ``scope`` is ``queued``, ``active`` or
-    ``finished`` (with ``hold_seconds``).
+    ``finished`` (with ``hold_seconds``), or null: the key keeps its stored scope (a
+    requeued job takes its key back as it was last taken).
     """
     keys = tables.unique_keys
     rows = _recordset(
@@ -187,8 +188,11 @@ def bind_keys_statement(tables: QueueTables) -> ReturningUpdate[Any]:
         .where(keys.c.task == rows.c.task, keys.c.key == rows.c.key)
         .values(
             job_id=rows.c.job_id,
-            scope=rows.c.scope,
-            hold_seconds=rows.c.hold_seconds,
+            # No scope given (a requeue): the key keeps the one it was last taken with.
+            scope=func.coalesce(rows.c.scope, keys.c.scope),
+            hold_seconds=case(
+                (rows.c.scope.is_(None), keys.c.hold_seconds), else_=rows.c.hold_seconds
+            ),
             updated_at=func.now(),
         )
         .returning(keys.c.job_id)

@@ -36,6 +36,7 @@ __all__ = [
     "normalize_url",
     "resolve_app_url",
     "resolve_test_admin_url",
+    "shared_test_server_url",
     "url_for_database",
 ]
 
@@ -147,6 +148,18 @@ def resolve_test_admin_url() -> str:
         return url
 
 
+def shared_test_server_url() -> str | None:
+    """The test server's admin URL when every process of a run shares it, else None.
+
+    ``$SQLA_QUEUE_TEST_URL``, or :data:`LOCAL_ADMIN_URL` if it accepts a connection. Never
+    starts an embedded server: each process would get one of its own.
+    """
+    explicit = os.environ.get(TEST_URL_ENV)
+    if explicit:
+        return normalize_url(explicit)
+    return LOCAL_ADMIN_URL if _can_connect(LOCAL_ADMIN_URL) else None
+
+
 def resolve_app_url(explicit: str | None, *, announce: Callable[[str], None] = print) -> str:
     """Return the database URL for the demo and the CLI.
 
@@ -201,8 +214,16 @@ class DatabaseFactory:
     connection, so the factory holds no connection between calls and needs no closing.
     """
 
-    def __init__(self, admin_url: str) -> None:
-        """Use the server and credentials of ``admin_url`` (any database on it will do)."""
+    def __init__(self, admin_url: str, *, name_prefix: str | None = None) -> None:
+        """Use the server and credentials of ``admin_url`` (any database on it will do).
+
+        ``name_prefix`` starts the names :meth:`clone` makes up (``<prefix>_<n>_<random>``;
+        by default ``sqlaq_t_<pid>``), so that a test suite can tell its own databases,
+        and their connections, from another run's on a shared server.
+        """
+        if name_prefix is not None:
+            self._check_name(f"{name_prefix}_{'9' * 6}_{'f' * 6}")
+        self._name_prefix = name_prefix
         self.admin_url = normalize_url(admin_url)
         admin_db = make_url(self.admin_url).database
         self._admin_db = admin_db
@@ -256,14 +277,16 @@ class DatabaseFactory:
             template: Name of a database created by :meth:`create_template` (any database
                 nobody is connected to also works).
             name: Name of the new database; by default a unique
-                ``sqlaq_t_<pid>_<counter>_<random>``.
+                ``<name_prefix>_<counter>_<random>`` (``sqlaq_t_<pid>`` for the prefix by
+                default).
 
         Raises:
             sqlalchemy.exc.DBAPIError: if the database cannot be created, e.g. because the
                 template does not exist or the name is taken.
         """
         if name is None:
-            name = f"sqlaq_t_{os.getpid()}_{next(_names)}_{secrets.token_hex(3)}"
+            prefix = self._name_prefix or f"sqlaq_t_{os.getpid()}"
+            name = f"{prefix}_{next(_names)}_{secrets.token_hex(3)}"
         self._check_name(name)
         statement = text(f"CREATE DATABASE {self._quote(name)} TEMPLATE {self._quote(template)}")
         for attempt in range(_CLONE_ATTEMPTS):

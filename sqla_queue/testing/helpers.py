@@ -22,7 +22,13 @@ from sqlalchemy import Engine, and_, event, exists, func, or_, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, sessionmaker
 
-from sqla_queue.models.tables import ExecutionState, JobStatus
+from sqla_queue._binds import engine_with_options
+from sqla_queue._identifiers import validate_task_name
+from sqla_queue.models.tables import ExecutionState, JobStatus, translated_schema
+from sqla_queue.spec import check_whole_number
+
+#: The execution option that chooses a tenant's schema.
+TRANSLATE = "schema_translate_map"
 
 if TYPE_CHECKING:
     from sqla_queue.queue import Queue
@@ -115,13 +121,28 @@ def _describe_failures(failed: Sequence[RanJob]) -> str:
 def _engine_of(session_factory: sessionmaker[Session]) -> Engine:
     bind = session_factory.kw.get("bind")
     if isinstance(bind, Connection):
-        return bind.engine
+        # Its execution options (a tenant's schema_translate_map) hold for ours too.
+        return engine_with_options(bind, "drain")
     if not isinstance(bind, Engine):
         raise TypeError(
             "a session factory bound to an engine is needed: sessionmaker(bind=engine), "
             f"got bind={bind!r}"
         )
     return bind
+
+
+def _worker_factory(session_factory: sessionmaker[Session]) -> sessionmaker[Session]:
+    """The session factory to give the drain's worker: ``session_factory`` itself when it
+    is bound to an engine. One bound to a connection cannot serve a worker (it opens
+    connections of its own, see :func:`~sqla_queue.worker.pools.refuse_connection_bind`):
+    the worker gets a factory of the same kind bound to the connection's engine with the
+    connection's execution options, so the jobs run in the connection's tenant."""
+    if not isinstance(session_factory.kw.get("bind"), Connection):
+        return session_factory
+    kw = {**session_factory.kw, "bind": _engine_of(session_factory)}
+    # The new factory's class derives from the caller's: its session events (eager's
+    # after_commit hook among them) hold for the handlers' sessions too.
+    return sessionmaker(class_=session_factory.class_, **kw)
 
 
 @dataclass(frozen=True)
@@ -189,7 +210,11 @@ def drain(
     Args:
         queue: the application's queue.
         session_factory: a ``sessionmaker`` bound to an engine; handlers with
-            ``pass_context=True`` get their ``ctx.session`` from it.
+            ``pass_context=True`` get their ``ctx.session`` from it. One bound to a
+            ``Connection`` works too: the jobs run on new connections of its engine, with
+            the connection's execution options (a tenant's ``schema_translate_map``), and
+            handlers' sessions are bound to those. Jobs the connection has not committed
+            are not seen: commit before draining.
         tasks: only run these tasks (default: every registered task).
         settings: other :class:`~sqla_queue.WorkerSettings`. The defaults here differ from
             a production worker's: ``concurrency=1`` (jobs run one after another, in
@@ -208,10 +233,13 @@ def drain(
         **settings,
     }
     if tasks is not None:
+        if isinstance(tasks, str | bytes):
+            # list("noop") would be four one-letter task names.
+            raise TypeError(f"drain: tasks must be a list of task names, got {tasks!r}")
         options["tasks"] = list(tasks)
     with engine.connect() as connection:
         before = _snapshot(queue, connection)
-    stats = queue.worker(session_factory, **options).run(burst=True)
+    stats = queue.worker(_worker_factory(session_factory), **options).run(burst=True)
     with engine.connect() as connection:
         ran = _ran_since(queue, connection, before)
     return DrainResult(tuple(ran), stats)
@@ -263,14 +291,17 @@ class EnqueuedJobs:
 def _bind_parts(session: Session | Connection) -> tuple[Engine, Connection | None]:
     """The engine behind ``session`` and, if it holds a transaction, the connection in it."""
     if isinstance(session, Connection):
-        return session.engine, session if session.in_transaction() else None
+        held = session if session.in_transaction() else None
+        return engine_with_options(session, "assert_enqueued"), held
     bind = session.get_bind()
     engine = bind.engine if isinstance(bind, Connection) else bind
     if not isinstance(engine, Engine):
         raise TypeError(f"assert_enqueued needs a session bound to an engine, got {bind!r}")
     # Only reuse the session's connection when a transaction is open: asking for it
-    # otherwise would begin one behind the caller's back.
-    return engine, session.connection() if session.in_transaction() else None
+    # otherwise would begin one behind the caller's back. The engine returned carries
+    # the execution options (a tenant's schema_translate_map) of what the session uses.
+    connection = session.connection() if session.in_transaction() else None
+    return engine_with_options(connection or bind, "assert_enqueued"), connection
 
 
 def _sequence_watermark(queue: Queue, engine: Engine) -> tuple[str, int]:
@@ -280,7 +311,9 @@ def _sequence_watermark(queue: Queue, engine: Engine) -> tuple[str, int]:
     one given to a transaction that was already open, which a ``max(id)`` would miss.
     """
     jobs = queue.tables.jobs
-    qualified = f"{jobs.schema}.{jobs.name}" if jobs.schema else jobs.name
+    # The schema the engine's schema_translate_map (a tenant's) puts the table in.
+    schema = translated_schema(jobs.schema, engine.get_execution_options().get(TRANSLATE))
+    qualified = f"{schema}.{jobs.name}" if schema else jobs.name
     with engine.connect() as connection:
         sequence = connection.scalar(
             text("SELECT pg_get_serial_sequence(:table, 'id')"), {"table": _quote(qualified)}
@@ -337,7 +370,6 @@ def _describe_expectation(
     return f"expected {amount} {what} enqueued in the block"
 
 
-@contextlib.contextmanager
 def assert_enqueued(
     queue: Queue,
     session: Session | Connection,
@@ -346,7 +378,7 @@ def assert_enqueued(
     count: int | None = None,
     args: Sequence[Any] = _UNSET,
     kwargs: Mapping[str, Any] | None = None,
-) -> Iterator[EnqueuedJobs]:
+) -> contextlib.AbstractContextManager[EnqueuedJobs]:
     """Check that the code in the ``with`` block enqueued the expected jobs.
 
     ``with assert_enqueued(queue, session, task="send_welcome", kwargs={"user_id": 1}):``
@@ -368,12 +400,52 @@ def assert_enqueued(
         args: the matching jobs' positional arguments, exactly (as stored: JSON values).
         kwargs: the matching jobs' keyword arguments, exactly.
 
-    Yields:
-        An :class:`EnqueuedJobs`, filled when the block ends, for further checks.
+    Returns:
+        The context manager of the block, which yields an :class:`EnqueuedJobs`, filled
+        when the block ends, for further checks.
+
+    Raises:
+        TypeError, ValueError: at the call, before the block runs, for an expectation that
+            no job could meet: a ``count`` that is not a whole number from 0 (``1.5``,
+            ``True``, ``-1``), a ``task`` that is not a task name, ``args`` that are not a
+            list or tuple, ``kwargs`` that are not a mapping with string keys.
     """
     __tracebackhide__ = True  # pytest: show the test's line, not this helper's
-    if count is not None and (isinstance(count, bool) or count < 0):
-        raise ValueError(f"count must be a whole number, at least 0, got {count!r}")
+    _check_expectation(task, count, args, kwargs)
+    return _enqueued_block(queue, session, task=task, count=count, args=args, kwargs=kwargs)
+
+
+def _check_expectation(task: object, count: object, args: object, kwargs: object) -> None:
+    """Refuse what no enqueued job could match: the assertion would fail, or pass, for a
+    reason that has nothing to do with the code under test."""
+    if count is not None:
+        check_whole_number("assert_enqueued: count", count, 0, None)
+    if task is not None:
+        validate_task_name(task)  # type: ignore[arg-type]
+    if args is not _UNSET and not isinstance(args, list | tuple):
+        raise TypeError(
+            f"assert_enqueued: args must be a list or tuple of positional arguments, got {args!r}"
+        )
+    if kwargs is not None and (
+        not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs)
+    ):
+        raise TypeError(
+            f"assert_enqueued: kwargs must be a mapping of keyword arguments by name, "
+            f"got {kwargs!r}"
+        )
+
+
+@contextlib.contextmanager
+def _enqueued_block(
+    queue: Queue,
+    session: Session | Connection,
+    *,
+    task: str | None,
+    count: int | None,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None,
+) -> Iterator[EnqueuedJobs]:
+    __tracebackhide__ = True  # pytest: show the test's line, not this helper's
     engine, _ = _bind_parts(session)
     _, watermark = _sequence_watermark(queue, engine)
     found = EnqueuedJobs()
@@ -487,8 +559,8 @@ def eager(
     Args:
         queue: the application's queue.
         session_factory: the ``sessionmaker`` the code under test uses, bound to an
-            engine; only its sessions trigger a drain, and handlers get their
-            ``ctx.session`` from it.
+            engine or a connection (see :func:`drain`); only its sessions trigger a
+            drain, and handlers get their ``ctx.session`` from it.
         raise_failures: fail at the end of the block if any job's attempt failed.
         settings: worker settings for the drains (see :func:`drain`).
 

@@ -10,16 +10,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from sqla_queue.schema.verify import verify_schema
 from sqla_queue.worker.actions import Claim, Flush, Maintain, Stop, Wait, Work
-from sqla_queue.worker.background import sync_engine_from_url
+from sqla_queue.worker.background import background_engine, capturing_connect_keywords
 from sqla_queue.worker.base import RunStats, WorkerBase, bound_engine
 from sqla_queue.worker.core import ContextFactory, WorkerCore
 from sqla_queue.worker.handlers import HandlerPool, HandlerRunner, RunningJob
 from sqla_queue.worker.plan import WorkerPlan
+from sqla_queue.worker.pools import own_pool_engine
 from sqla_queue.worker.raw import (
     RawStatements,
     driver_error,
@@ -112,10 +114,8 @@ class AsyncWorker(WorkerBase):
 
     async def _loop(self, core: WorkerCore, wake: asyncio.Event, engine: AsyncEngine) -> None:
         # Heartbeats run on a thread with a sync connection, immune to a blocked loop.
-        heartbeat_engine = sync_engine_from_url(
-            engine.url, engine.get_execution_options(), pool_size=self._background_pool_size()
-        )
-        pool, heartbeater, listener = self._start_background(core, heartbeat_engine, engine.url)
+        heartbeat_engine = await self._background_engine(engine)
+        pool, heartbeater, listener = self._start_background(core, heartbeat_engine)
         make_context = self._make_context(core)
         runner = self._runner(core)
         connection: AsyncConnection | None = None
@@ -149,6 +149,36 @@ class AsyncWorker(WorkerBase):
             if connection is not None:
                 await _discard(connection)
             heartbeat_engine.dispose()
+
+    async def _background_engine(self, engine: AsyncEngine) -> Engine:
+        """The sync engine of this worker's threads, connecting as ``engine`` does.
+
+        One connection, made at start on a pool apart from the run loop's, shows the
+        keywords ``engine`` passes its driver (see :func:`background_engine`). Like the
+        schema check, it is tried again only when the connection is lost under it.
+        """
+        given = self.settings.background_engine
+        keywords = {} if given is not None else await self._connect_keywords(engine)
+        return background_engine(
+            engine.sync_engine, keywords, given=given, pool_size=self._background_pool_size()
+        )
+
+    async def _connect_keywords(self, engine: AsyncEngine) -> dict[str, Any]:
+        probe = AsyncEngine(own_pool_engine(engine.sync_engine, 1))
+        try:
+            for attempt in itertools.count(1):
+                try:
+                    with capturing_connect_keywords(engine.sync_engine) as keywords:
+                        async with probe.connect():
+                            return keywords
+                except DBAPIError as exc:
+                    delay = self._verify_retry_delay(exc, attempt)
+                    if delay is None:
+                        raise
+                    await asyncio.sleep(delay)
+            raise AssertionError("unreachable: the loop returns or raises")
+        finally:
+            await probe.dispose()
 
     async def _perform(
         self,

@@ -4,26 +4,36 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlalchemy.engine import URL, make_url
 
 from sqla_queue._sqlstate import is_unique_violation_of
 from sqla_queue.core.outcomes import ClaimedJob
 from sqla_queue.instrumentation import combine_observers
 from sqla_queue.models.tables import HistoryLayout
-from sqla_queue.worker.background import Heartbeater, Listener, libpq_url
+from sqla_queue.worker.background import Heartbeater, Listener, listen_connector
 from sqla_queue.worker.context import JobContext
 from sqla_queue.worker.core import ContextFactory, WorkerCore
-from sqla_queue.worker.handlers import HandlerPool, HandlerRunner, InTransaction
+from sqla_queue.worker.handlers import (
+    HandlerPool,
+    HandlerRunner,
+    InTransaction,
+    check_transactional_binds,
+)
 from sqla_queue.worker.plan import WorkerPlan
-from sqla_queue.worker.pools import own_pool_engine, split_pool_size
+from sqla_queue.worker.pools import own_pool_engine, refuse_connection_bind, split_pool_size
 from sqla_queue.worker.services import ServiceEnv, WorkerService
 from sqla_queue.worker.settings import WorkerSettings
 
-__all__ = ["RunStats", "WorkerBase", "bound_engine", "check_read_session_factory"]
+__all__ = [
+    "RunStats",
+    "WorkerBase",
+    "bound_engine",
+    "check_read_session_factory",
+    "tenant_plan",
+]
 
 log = logging.getLogger("sqla_queue.worker")
 
@@ -55,6 +65,19 @@ def bound_engine(session_factory: Any) -> Any:
             "sessionmaker(bind=engine) or async_sessionmaker(bind=async_engine)"
         )
     return bind
+
+
+def tenant_plan(plan: WorkerPlan, session_factory: Any) -> WorkerPlan:
+    """``plan`` with its tables as the session factory's engine sees them.
+
+    An engine with a ``schema_translate_map`` (a tenant's) moves the statements to the
+    tenant's schema; the channels the worker LISTENs and NOTIFYs on move with them (see
+    :meth:`~sqla_queue.models.tables.QueueTables.translated`).
+    """
+    bind = getattr(session_factory, "kw", {}).get("bind")
+    options = bind.get_execution_options() if bind is not None else {}
+    tables = plan.tables.translated(options.get("schema_translate_map"))
+    return plan if tables is plan.tables else replace(plan, tables=tables)
 
 
 def check_read_session_factory(factory: Any, *, asynchronous: bool) -> Any:
@@ -100,7 +123,14 @@ class WorkerBase:
         settings: WorkerSettings,
         read_session_factory: Any = None,
     ) -> None:
-        self.plan = plan
+        # A worker opens connections of its own: one connection cannot be its bind.
+        refuse_connection_bind(getattr(session_factory, "kw", {}).get("bind"))
+        # Handlers run side by side: they cannot share one connection to the replica.
+        refuse_connection_bind(
+            getattr(read_session_factory, "kw", {}).get("bind"), "read_session_factory"
+        )
+        check_transactional_binds(plan, session_factory)
+        self.plan = tenant_plan(plan, session_factory)
         self.session_factory = session_factory
         self.settings = settings
         #: Where handlers' ``ctx.read_session`` comes from (a read replica), or None.
@@ -211,7 +241,7 @@ class WorkerBase:
         return is_unique_violation_of(exc, self._race_indexes)
 
     def _start_background(
-        self, core: WorkerCore, engine: Engine, url: URL
+        self, core: WorkerCore, engine: Engine
     ) -> tuple[HandlerPool, Heartbeater, Listener | None]:
         pool = HandlerPool(self.settings.concurrency)
         heartbeater = Heartbeater(core, engine, core.heartbeat_interval)
@@ -221,12 +251,10 @@ class WorkerBase:
             service.start()
         listener = None
         if core.listen:
-            # settings.listen_url: a direct connection, when ``url`` goes through a pooler
-            # in transaction mode, where a LISTEN would hear nothing.
-            listen_url = make_url(self.settings.listen_url) if self.settings.listen_url else url
-            listener = Listener(
-                libpq_url(listen_url), self.plan.tables.notify_channel, core.notified
-            )
+            # settings.listen_url: a direct connection, when ``engine`` goes through a
+            # pooler in transaction mode, where a LISTEN would hear nothing.
+            connect = listen_connector(engine, self.settings.listen_url)
+            listener = Listener(connect, self.plan.tables.notify_channel, core.notified)
             listener.start()
         return pool, heartbeater, listener
 

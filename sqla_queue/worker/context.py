@@ -5,8 +5,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
+
+from sqlalchemy import event
+from sqlalchemy.engine import ExceptionContext
+from sqlalchemy.orm import Session
 
 __all__ = ["JobContext"]
 
@@ -53,12 +58,18 @@ class JobContext(Generic[S]):
         self._cancel_event: asyncio.Event | None = None
         #: Set when a heartbeat found that this execution was reclaimed by another worker.
         self.lost = False
+        # A transactional task's session is watched for the database errors its handler
+        # may catch (see _watch_errors); None for the others.
+        self._errors: _ErrorWatch | None = None
+        self._watch_errors = False
 
     @property
     def session(self) -> S:
         """A session from the worker's factory, opened on first use."""
         if self._session is None:
             self._session = self._session_factory()
+            if self._watch_errors:
+                self._errors = _ErrorWatch.of(self._session)
         return self._session
 
     @property
@@ -151,6 +162,20 @@ class JobContext(Generic[S]):
         """
         self.lost = True
 
+    def _arm_error_watch(self) -> None:
+        """Watch the session this context opens for database errors (a transactional
+        task's: its completion runs in that session's transaction, see
+        :meth:`_caught_error`)."""
+        self._watch_errors = True
+
+    def _caught_error(self) -> BaseException | None:
+        """The first database error of the session's current transaction, if any.
+
+        Set once the handler's statement failed, even if the handler caught the error:
+        PostgreSQL then refuses every later statement of that transaction.
+        """
+        return self._errors.first if self._errors is not None else None
+
     def _take_session(self) -> S | None:
         session, self._session = self._session, None
         return session
@@ -177,3 +202,46 @@ def _set_in_owner_loop(event: asyncio.Event | None) -> None:
         owner.call_soon_threadsafe(event.set)
     else:
         event.set()
+
+
+class _ErrorWatch:
+    """The first database error of a session's current transaction.
+
+    SQLAlchemy reports statement errors only per engine (``handle_error``), so one listener
+    per dialect looks up the watch of the failing connection; the session's ``after_begin``
+    registers each connection it begins on, and starts its record afresh.
+    """
+
+    _by_connection: weakref.WeakKeyDictionary[Any, _ErrorWatch] = weakref.WeakKeyDictionary()
+    _dialects: weakref.WeakSet[Any] = weakref.WeakSet()
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.first: BaseException | None = None
+
+    @classmethod
+    def of(cls, session: Any) -> _ErrorWatch:
+        """A watch on ``session`` (a ``Session`` or an ``AsyncSession``)."""
+        watch = cls()
+        sync = getattr(session, "sync_session", session)
+        if isinstance(sync, Session):  # another factory's sessions are not watched
+            event.listen(sync, "after_begin", watch._began)
+        return watch
+
+    def _began(self, session: Any, transaction: Any, connection: Any) -> None:
+        self.first = None
+        engine = connection.engine
+        with self._lock:
+            self._by_connection[connection] = self
+            if engine.dialect not in self._dialects:
+                self._dialects.add(engine.dialect)
+                event.listen(engine, "handle_error", _ErrorWatch._failed)
+
+    @classmethod
+    def _failed(cls, context: ExceptionContext) -> None:
+        if context.connection is None:  # a failed connect: no transaction to abort
+            return
+        with cls._lock:
+            watch = cls._by_connection.get(context.connection)
+        if watch is not None and watch.first is None:
+            watch.first = context.sqlalchemy_exception or context.original_exception

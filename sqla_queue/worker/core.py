@@ -34,8 +34,10 @@ from sqla_queue.statements.claim import LimitedClaimParams, LimitedRatedClaimPar
 from sqla_queue.statements.complete import CompleteParams
 from sqla_queue.statements.controls import (
     ControlledTasksParams,
+    RateBacklogParams,
     RateLockParams,
     controlled_tasks_statement,
+    rate_backlog_statement,
     rate_lock_statement,
 )
 from sqla_queue.statements.keys import CleanupParams, KeysParams, SweepParams
@@ -132,6 +134,7 @@ class WorkerCore:
         self._claim_rated = statements.claim_statement(tables, rated=True)
         self._claim_rated_limited = statements.claim_statement(tables, limited=True, rated=True)
         self._rate_lock = rate_lock_statement(tables)
+        self._rate_backlog = rate_backlog_statement(tables)
         self._controls_statement = controlled_tasks_statement(tables)
         #: Tasks an operator paused (not claimed), and rate-limited ones (claimed alone,
         #: under their control row's lock), as the last maintenance read them.
@@ -143,6 +146,9 @@ class WorkerCore:
         self._rated_full_until: dict[str, float] = {}
         # Rated tasks whose last claim found nothing due (a burst run may stop on them).
         self._rated_empty: set[str] = set()
+        # Per rated task, its stored limit (rate_max, rate_seconds) as last read: a change
+        # ends the wait on a window that the old limit filled.
+        self._rate_limits: dict[str, tuple[Any, Any]] = {}
         self._limits_statement = statements.limited_tasks_statement(tables)
         self.complete_statement = statements.complete_statement(tables)
         self.heartbeat_statement = statements.heartbeat_statement(tables)
@@ -271,11 +277,20 @@ class WorkerCore:
             return Claim(min(free, self.settings.claim_batch))
         if self.burst and running == 0 and self._idle():
             return Stop()
-        deadline = self._next_reclaim
+        return Wait(max(0.0, min(self._wake_at(free) - now, self.settings.poll_interval)))
+
+    def _wake_at(self, free: int) -> float:
+        """When the next action falls due: the next maintenance, or sooner a claim.
+
+        Any set of claims may be empty (every task paused, every one rated, no seat
+        free): the maintenance is always there, so an idle worker idles.
+        """
+        times = [self._next_reclaim]
         if free > 0:
-            plain = [self._next_poll] if self._claim_params["tasks"] else []
-            deadline = min(deadline, *plain, *self._rated_times())
-        return Wait(max(0.0, min(deadline - now, self.settings.poll_interval)))
+            if self._claim_params["tasks"]:
+                times.append(self._next_poll)
+            times.extend(self._rated_times())
+        return min(times)
 
     def _rated_times(self) -> list[float]:
         """When each rated task may be claimed next: polled, and its window not full."""
@@ -385,15 +400,19 @@ class WorkerCore:
         # Until this claim answers, the task is not due again (a failed unit retries it
         # after the error backoff, like the plain claim).
         self._rated_poll[task] = now + self.settings.poll_interval
+        steps = [Step(self._rate_lock, RateLockParams(rate_task=task)), Step(statement, params)]
+        if self.burst:
+            # Whether the window, if full, holds back any due job (see _rated_claimed).
+            steps.append(Step(self._rate_backlog, RateBacklogParams(rate_task=task)))
 
         def claimed(results: list[Sequence[Any]]) -> list[RunningJob]:
-            return self.accept_claim(results[-1], size, now, make_context, rated=task)
+            backlog = results[2] if len(results) > 2 else None
+            due_left = bool(backlog[0].due) if backlog else None
+            return self.accept_claim(
+                results[1], size, now, make_context, rated=task, due_left=due_left
+            )
 
-        return self._unit(
-            [Step(self._rate_lock, RateLockParams(rate_task=task)), Step(statement, params)],
-            claimed,
-            lambda: None,
-        )
+        return self._unit(steps, claimed, lambda: None)
 
     def _key_steps(self) -> tuple[list[str], list[Step]]:
         """The keys owed a promotion, and the two statements that give it.
@@ -473,12 +492,14 @@ class WorkerCore:
         make_context: ContextFactory,
         *,
         rated: str | None = None,
+        due_left: bool | None = None,
     ) -> list[RunningJob]:
         """Register the claimed rows and return the ones to run.
 
         Rows that must not run (lost too often, malformed) become failure outcomes at once.
         Each payload is decoded here, once. ``rated`` names the rate-limited task that a
-        rated claim took; its next claim is then timed on its own.
+        rated claim took; its next claim is then timed on its own. ``due_left`` (a burst
+        run's rated claim) says whether due jobs of that task are left after it.
         """
         self._errors_in_row = 0
         jobs: list[RunningJob] = []
@@ -523,7 +544,7 @@ class WorkerCore:
             jobs.append(running)
         self.stats["claimed"] += claimed
         if rated is not None:
-            self._rated_claimed(rated, rows, claimed, size, next_due, now)
+            self._rated_claimed(rated, rows, claimed, size, next_due, now, due_left)
             return jobs
         self._last_claim_empty = claimed == 0
         if claimed >= size or (self.burst and claimed > 0):
@@ -545,14 +566,22 @@ class WorkerCore:
         size: int,
         next_due: dt.datetime | None,
         now: float,
+        due_left: bool | None = None,
     ) -> None:
-        """Time the next claim of a rated task from what its claim saw of the window."""
+        """Time the next claim of a rated task from what its claim saw of the window.
+
+        A full window is waited for while due jobs are left behind it. A burst run
+        (``due_left`` known) does not wait for a window that holds back nothing: like a
+        job not yet due, a job that may come later is a later run's.
+        """
         first = rows[0] if rows else None
         allowance = getattr(first, "rate_allowance", None)
         free_at = getattr(first, "rate_free_at", None)
         self._rated_full_until.pop(task, None)
         full = free_at is not None and allowance is not None and claimed >= allowance
-        if claimed == 0 and not full:
+        if due_left is False:
+            full = False
+        if (claimed == 0 and not full) or due_left is False:
             self._rated_empty.add(task)
         else:
             self._rated_empty.discard(task)
@@ -684,6 +713,8 @@ class WorkerCore:
             self._next_poll = 0.0
             self._last_claim_empty = False
             self._rated_empty.clear()
+            for task in list(self._rated_poll):  # a full window still waits (_rated_times)
+                self._rated_poll[task] = 0.0
         done = set(applied)
         with self._lock:  # transactional handlers' threads report here too (settled)
             self._count(outcomes, done)
@@ -967,14 +998,27 @@ class WorkerCore:
             self._rated_poll.pop(gone, None)
             self._rated_full_until.pop(gone, None)
             self._rated_empty.discard(gone)
+            self._rate_limits.pop(gone, None)
         for task in rated:
             self._rated_poll.setdefault(task, 0.0)
+        self._limits_changed({row.task: _stored_rate(row) for row in rows if row.task in rated})
         tasks = [name for name in self.plan.task_names if name not in paused | rated]
         if tasks != self._claim_params["tasks"]:
             self._claim_params["tasks"] = tasks
             # A task back in the plain claim may have work waiting.
             self._next_poll = 0.0
             self._last_claim_empty = False
+
+    def _limits_changed(self, limits: dict[str, tuple[Any, Any]]) -> None:
+        """Claim a rated task whose stored limit changed at once, even if the old limit
+        filled its window: the claim reads the window again under the new limit."""
+        for task, limit in limits.items():
+            before = self._rate_limits.get(task)
+            self._rate_limits[task] = limit
+            if before is not None and before != limit:
+                log.info("task %s has a new rate limit: claiming it under that", task)
+                self._rated_full_until.pop(task, None)
+                self._rated_poll[task] = 0.0
 
     def reclaimed(self, rows: Sequence[Any]) -> None:
         """Log what a reclaim sweep returned to the queue."""
@@ -992,3 +1036,8 @@ class WorkerCore:
         """Handlers running now."""
         with self._lock:
             return sum(1 for r in self._running.values() if not r.released)
+
+
+def _stored_rate(row: Any) -> tuple[Any, Any]:
+    """A control row's stored limit, ``(rate_max, rate_seconds)``."""
+    return getattr(row, "rate_max", None), getattr(row, "rate_seconds", None)

@@ -43,6 +43,7 @@ from sqla_queue.statements.daemons import (
     release_daemons_statement,
     renew_daemons_statement,
 )
+from sqla_queue.worker.pools import own_pool_engine
 from sqla_queue.worker.services import ServiceEnv
 
 __all__ = ["FENCE_MARGIN", "DaemonSupervisor"]
@@ -58,6 +59,8 @@ MAX_TICK = 0.1
 RETRY_DELAY = 0.5
 #: Longest error text kept in ``last_error``.
 MAX_ERROR_TEXT = 2000
+#: Connections the engine of an ``async def`` daemon's loop keeps open between sessions.
+DAEMON_POOL_SIZE = 1
 
 Key = tuple[str, int]
 
@@ -505,22 +508,15 @@ class DaemonSupervisor:
             self._wake.set()
 
     async def _main_async(self, inst: _Instance, ctx: DaemonContext) -> None:
+        from sqlalchemy.ext.asyncio import async_sessionmaker
+
         engine = None
         factory = ctx.session_factory
-        if _is_async_factory(factory):
+        if _is_async_factory(factory) and factory.kw.get("bind") is not None:
             # The worker's async engine belongs to the worker's loop; this loop gets its own.
-            from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
-            from sqlalchemy.pool import NullPool
-
-            bound = factory.kw.get("bind")
+            engine = _loop_engine(factory.kw["bind"])
             options = {k: v for k, v in factory.kw.items() if k != "bind"}
-            if bound is not None:
-                engine = create_async_engine(bound.url, poolclass=NullPool)
-                execution_options = bound.get_execution_options()
-                bind = (
-                    engine.execution_options(**execution_options) if execution_options else engine
-                )
-                ctx.session_factory = async_sessionmaker(bind=bind, **options)
+            ctx.session_factory = async_sessionmaker(bind=engine, class_=factory.class_, **options)
         try:
             await inst.spec.function(ctx)
         finally:
@@ -534,6 +530,33 @@ class DaemonSupervisor:
                     log.exception("closing daemon %s's session failed", inst.key)
             if engine is not None:
                 await engine.dispose()
+
+
+def _loop_engine(bind: Any) -> Any:
+    """An async engine for the daemon's own event loop, derived from the worker's ``bind``.
+
+    It is ``bind``'s engine in all but its pool (see :func:`own_pool_engine`): the same URL,
+    ``connect_args`` or ``async_creator``, engine and pool events (a ``connect`` listener
+    that sets ``search_path``) and execution options (a tenant's ``schema_translate_map``,
+    a bound connection's too), with one connection kept, opened on this loop. Rebuilding
+    it from the URL would lose all of those. Dispose of it on the same loop.
+    """
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+    options: dict[str, Any] = {}
+    if isinstance(bind, AsyncConnection):  # a connection cannot cross loops: its engine can
+        if bind.sync_connection is not None:
+            options = dict(bind.sync_connection.get_execution_options())
+        bind = bind.engine
+    if not isinstance(bind, AsyncEngine):
+        raise TypeError(
+            f"an async def daemon needs an async_sessionmaker bound to an AsyncEngine or "
+            f"AsyncConnection, got bind={bind!r}"
+        )
+    own = own_pool_engine(bind.sync_engine, DAEMON_POOL_SIZE)
+    if options:  # in place: disposing of a wrapper would tell the app's engine listeners
+        own.update_execution_options(**options)
+    return AsyncEngine(own)
 
 
 def _is_async_factory(factory: Any) -> bool:

@@ -88,9 +88,9 @@ def database_message(exc: BaseException) -> str:
 def explain(fault: Fault, exc: BaseException, tables: QueueTables, doing: str) -> str:
     """Why a worker stops on ``exc`` (raised while ``doing``), and what fixes it."""
     reason = database_message(exc)
-    names = ", ".join(str(t.fullname) for t in tables.all)
+    names = ", ".join(_where_rows_are(tables, table.name) for table in tables.all)
     if fault is Fault.PRIVILEGE:
-        schema = tables.schema or "public"
+        schema = tables.effective_schema or "public"
         return (
             f"the worker stopped: its database role lacks a privilege it needs ({doing}: "
             f"{reason}). Grant it what the deployment guide's least-privilege role has "
@@ -117,3 +117,10 @@ def explain(fault: Fault, exc: BaseException, tables: QueueTables, doing: str) -
         f"({reason}). Its running jobs were finished or handed back; fix the row or the "
         "statement named above, then start the worker again."
     )
+
+
+def _where_rows_are(tables: QueueTables, name: str) -> str:
+    """``name`` qualified by the schema the worker's statements touch: a tenant's, when a
+    ``schema_translate_map`` moved the queue (a GRANT on the placeholder would fix nothing)."""
+    schema = tables.effective_schema
+    return f"{schema}.{name}" if schema else name

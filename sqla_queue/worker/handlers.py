@@ -25,8 +25,10 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy.exc import PendingRollbackError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from sqla_queue._sqlstate import sqlstate_of
 from sqla_queue.core.outcomes import (
     ClaimedJob,
     InvalidOutcomeError,
@@ -42,14 +44,17 @@ from sqla_queue.core.outcomes import (
 )
 from sqla_queue.instrumentation import WorkerObserver, combine_observers, job_log_fields
 from sqla_queue.worker.context import JobContext
-from sqla_queue.worker.plan import TaskRuntime
+from sqla_queue.worker.failures import database_message
+from sqla_queue.worker.plan import TaskRuntime, WorkerPlan
 
 __all__ = [
+    "AbortedTransactionError",
     "HandlerPool",
     "HandlerRunner",
     "InTransaction",
     "PrivateLoop",
     "RunningJob",
+    "check_transactional_binds",
     "stops_the_process",
 ]
 
@@ -57,6 +62,62 @@ log = logging.getLogger("sqla_queue.worker")
 
 #: Longest ``repr`` kept in place of a result that JSON cannot hold.
 MAX_RESULT_REPR = 10_000
+#: SQLSTATE of a statement sent in a transaction that an earlier error aborted.
+IN_FAILED_TRANSACTION = "25P02"
+#: Seconds a sync worker's private loop gives its cancelled handlers to end, at shutdown.
+CANCEL_GRACE = 1.0
+
+
+class AbortedTransactionError(RuntimeError):
+    """A transactional handler returned from a transaction that a database error it
+    caught had aborted: nothing of it can commit, so the attempt fails."""
+
+
+def check_transactional_binds(plan: WorkerPlan, session_factory: Any) -> None:
+    """Refuse transactional tasks when the handlers' sessions would autocommit.
+
+    A ``transactional=True`` task commits its handler's writes with its job's completion,
+    or rolls both back. On an engine in ``AUTOCOMMIT`` every statement commits on its
+    own, so a failed attempt's writes would stay.
+
+    Raises:
+        ValueError: naming the tasks and the fix, if ``session_factory``'s bind (engine,
+            connection, or their async forms) is in ``AUTOCOMMIT`` by its
+            ``create_engine(isolation_level=...)`` or its execution options.
+    """
+    how = _autocommit_by(getattr(session_factory, "kw", {}).get("bind"))
+    if how is None:
+        return
+    tasks = sorted(name for name, task in plan.tasks.items() if task.transactional)
+    if not tasks:
+        return
+    raise ValueError(
+        f"transactional task(s) {', '.join(tasks)} cannot run on this session factory: its "
+        f"engine is in AUTOCOMMIT ({how}), so each statement of a handler would commit on "
+        "its own and a failed attempt's writes would stay. Give the worker a sessionmaker "
+        "bound to an engine that is not in AUTOCOMMIT (create_engine(url), or "
+        "engine.execution_options(isolation_level='READ COMMITTED')), or register the "
+        "task(s) without transactional=True"
+    )
+
+
+def _autocommit_by(bind: Any) -> str | None:
+    """How ``bind`` is put in AUTOCOMMIT, or None when it is not."""
+    sync = getattr(bind, "sync_engine", None) or getattr(bind, "sync_connection", None) or bind
+    if sync is None:
+        return None
+    options = sync.get_execution_options() if hasattr(sync, "get_execution_options") else {}
+    if _is_autocommit(options.get("isolation_level")):
+        return "execution_options(isolation_level='AUTOCOMMIT')"
+    # Where create_engine(isolation_level=...) keeps the level it sets on each connection.
+    dialect = getattr(sync, "dialect", None)
+    if _is_autocommit(getattr(dialect, "_on_connect_isolation_level", None)):
+        return "create_engine(..., isolation_level='AUTOCOMMIT')"
+    return None
+
+
+def _is_autocommit(level: Any) -> bool:
+    return isinstance(level, str) and level.strip().upper() == "AUTOCOMMIT"
 
 
 @dataclass(eq=False)
@@ -226,13 +287,15 @@ class HandlerRunner:
         A ``CancelledError`` the handler raises on its own (its task was not cancelled) is
         a failed attempt like any other exception. ``KeyboardInterrupt`` and
         ``SystemExit`` are recorded too, then stop the worker, instead of tearing down the
-        event loop under it.
+        event loop under it. A run closed before it ends (``GeneratorExit``: its loop was
+        stopped at shutdown and the task garbage-collected) records nothing either.
         """
         raised: BaseException | None = None
         applied: bool | None = None
         running.task = asyncio.current_task()
         running.loop = asyncio.get_running_loop()
         began = self._started(running)
+        closing = False
         try:
             try:
                 if running.cancel_requested:  # cancelled before it could start
@@ -254,6 +317,8 @@ class HandlerRunner:
                     raise
                 raised = exc
                 outcome = self.outcome_of_error(running, exc)
+            except GeneratorExit:
+                raise  # not the handler's failure: see below
             except BaseException as exc:
                 raised = exc
                 outcome = self.outcome_of_error(running, exc)
@@ -267,16 +332,46 @@ class HandlerRunner:
                     outcome = settled
                 else:
                     applied = settled
+        except GeneratorExit:
+            # Closed in the handler or in its commit, never to resume.
+            closing = True
+            self._abandoned(running, began)
+            raise
         finally:
-            await _close_async_session(running)
+            if closing:
+                _close_abandoned_sessions(running)  # a closing coroutine may not await
+            else:
+                await _close_async_session(running)
         self._finished(running, outcome.kind, raised, began)
         if applied is not None:
             self._settled(running, outcome, applied)
         else:
             self._report(running, outcome, raised)
 
+    def _abandoned(self, running: RunningJob, began: float) -> None:
+        """An ``async def`` handler's run is closed before it ended: its loop was stopped
+        under it (a sync worker's, at shutdown, past a cancellation the handler ignored)
+        and the task is being garbage-collected. The attempt did not fail: its job was
+        handed back. No outcome, no failure in the log; the observers hear that the attempt
+        ended as a hand-back, as for a handler that the shutdown cancelled.
+        """
+        log.debug(
+            "job %s (%s) attempt %s: its abandoned handler was closed",
+            running.job.id,
+            running.job.task,
+            running.job.attempt,
+            extra=job_log_fields(running.job),
+        )
+        self._finished(running, OutcomeKind.RELEASE, None, began, shutdown=True)
+
     def _started(self, running: RunningJob) -> float:
-        """Tell the observers an attempt starts; the clock reading its duration starts from."""
+        """Tell the observers an attempt starts; the clock reading its duration starts from.
+
+        A transactional task's context watches its session for errors from here on (see
+        :func:`_aborted_or`).
+        """
+        if running.runtime.transactional and running.context is not None:
+            running.context._arm_error_watch()
         began = time.perf_counter()
         observer = self.observer
         if observer is not None:
@@ -354,6 +449,7 @@ class HandlerRunner:
         assert self.transaction is not None
         assert running.context is not None
         session = running.context.session
+        caught = running.context._caught_error()
         try:
             rows: Sequence[Any] = []
             for statement, params in self.transaction.steps(outcome):
@@ -365,7 +461,7 @@ class HandlerRunner:
                 session.rollback()
         except Exception as exc:
             _roll_back_sync(session, running)
-            return self._commit_failed(running, exc)
+            return self._commit_failed(running, _aborted_or(exc, caught))
         return applied
 
     async def _complete_in_session_async(
@@ -381,6 +477,7 @@ class HandlerRunner:
         session = running.context.session
         if not isinstance(session, AsyncSession):
             return self._complete_in_session_sync(running, outcome)
+        caught = running.context._caught_error()
         try:
             rows: Sequence[Any] = []
             for statement, params in self.transaction.steps(outcome):
@@ -400,10 +497,10 @@ class HandlerRunner:
                     exc_info=True,
                     extra=job_log_fields(running.job),
                 )
-            return self._commit_failed(running, exc)
+            return self._commit_failed(running, _aborted_or(exc, caught))
         return applied
 
-    def _commit_failed(self, running: RunningJob, exc: Exception) -> Outcome:
+    def _commit_failed(self, running: RunningJob, exc: BaseException) -> Outcome:
         log.warning(
             "job %s (%s): its transaction could not be committed: %s",
             running.job.id,
@@ -540,6 +637,26 @@ class HandlerRunner:
         )
 
 
+def _aborted_or(exc: Exception, caught: BaseException | None) -> BaseException:
+    """Why a transactional handler's completion failed: ``exc``, or, when the handler had
+    caught a database error (``caught``) that left its transaction aborted, that error.
+
+    The completion's own statements then fail only because the transaction is aborted;
+    naming them (the worker's planner guard) would point away from the handler.
+    """
+    aborted = isinstance(exc, PendingRollbackError) or sqlstate_of(exc) == IN_FAILED_TRANSACTION
+    if caught is None or not aborted:
+        return exc
+    error = AbortedTransactionError(
+        "the handler's transaction was aborted by an error it caught: "
+        f"{database_message(caught)}; nothing it wrote in that transaction was committed. "
+        "After catching a database error on ctx.session, roll the session back (or run the "
+        "statement that may fail in session.begin_nested()), or let the error propagate"
+    )
+    error.__cause__ = caught
+    return error
+
+
 def _plain_failure(
     job: ClaimedJob, reason: Exception, *, worker_id: uuid.UUID, now: dt.datetime
 ) -> Outcome:
@@ -601,6 +718,22 @@ def _close_sync_session(running: RunningJob) -> None:
                 running.job.id,
                 extra=job_log_fields(running.job),
             )
+
+
+def _close_abandoned_sessions(running: RunningJob) -> None:
+    """Close what an abandoned run's sessions let close without awaiting: a ``Session``.
+
+    An ``AsyncSession`` cannot be closed from a coroutine that is being closed; its
+    connection goes back to its pool when it is garbage-collected.
+    """
+    ctx = running.context
+    for session in ctx._take_sessions() if ctx is not None else ():
+        if isinstance(session, AsyncSession):
+            continue
+        try:
+            session.close()
+        except Exception:
+            log.debug("closing an abandoned handler's session failed", exc_info=True)
 
 
 async def _close_async_session(running: RunningJob) -> None:
@@ -680,9 +813,40 @@ class PrivateLoop:
         asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the loop and wait up to ``timeout`` seconds for its thread to end.
+        """Cancel the unfinished handlers, then stop the loop; wait up to ``timeout``
+        seconds in all.
 
-        Unfinished handlers are abandoned (their jobs were released).
+        Their jobs were released already; a cancelled handler ends as the asyncio worker's
+        do at shutdown. One that ignores its cancellation for :data:`CANCEL_GRACE` seconds
+        is abandoned: the loop stops under it.
         """
+        deadline = time.monotonic() + timeout
+        cancelled = asyncio.run_coroutine_threadsafe(_cancel_others(CANCEL_GRACE), self.loop)
+        try:
+            cancelled.result(min(timeout, CANCEL_GRACE + 0.5))
+        except Exception:  # a handler blocks the loop: stop it all the same
+            cancelled.cancel()
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+
+
+async def _cancel_others(grace: float) -> None:
+    """Cancel every other task of the running loop; wait up to ``grace`` for them.
+
+    A task still pending then is abandoned with a warning here, instead of asyncio's
+    "Task was destroyed but it is pending!" error when it is garbage-collected.
+    """
+    tasks = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=grace)
+    for task in pending:
+        task._log_destroy_pending = False  # type: ignore[attr-defined]
+    if pending:
+        log.warning(
+            "%d async handler(s) ignored their cancellation at shutdown; abandoned (their "
+            "jobs were handed back)",
+            len(pending),
+        )

@@ -17,8 +17,9 @@ threads are few and fixed, and a heartbeat must never wait for a connection).
 
 An async worker's run loop uses an async engine derived the same way (one connection
 kept); its heartbeater and services, which run in threads, use a synchronous psycopg engine
-on the same database (:func:`~sqla_queue.worker.background.sync_engine_from_url`) that
-keeps the rest of ``pool_size``.
+that connects as the async one does
+(:func:`~sqla_queue.worker.background.background_engine`) and keeps the rest of
+``pool_size``.
 """
 
 from __future__ import annotations
@@ -26,10 +27,47 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.engine import Connection
 from sqlalchemy.engine.base import OptionEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.pool import Pool, QueuePool
 
-__all__ = ["OwnPoolEngine", "own_pool", "own_pool_engine", "split_pool_size"]
+__all__ = [
+    "OwnPoolEngine",
+    "own_pool",
+    "own_pool_engine",
+    "refuse_connection_bind",
+    "split_pool_size",
+]
+
+
+def refuse_connection_bind(bind: object, role: str = "session factory") -> None:
+    """Raise :class:`TypeError` if ``bind`` (a worker's session factory's) is a connection.
+
+    ``role`` names the factory in the message (the read replica's has handlers share it).
+
+    A worker opens connections of its own, several at once (claims, heartbeats, services,
+    LISTEN), and its handlers run in threads at the same time: one ``Connection`` (or
+    ``AsyncConnection``) can serve none of that, and has no pool to derive the worker's
+    from. The message names what to pass instead, a tenant's engine included.
+    """
+    if not isinstance(bind, Connection | AsyncConnection):
+        return
+    if isinstance(bind, AsyncConnection):
+        maker, engine, tests = "async_sessionmaker", "async_engine", ""
+    else:
+        maker, engine = "sessionmaker", "engine"
+        tests = (
+            " To run the jobs of a test on a connection's tenant, use drain() or eager() of "
+            "sqla_queue.testing.helpers: they accept a sessionmaker bound to a connection."
+        )
+    raise TypeError(
+        f"the worker needs a {role} bound to an engine, not to one connection "
+        f"(got {maker}(bind={type(bind).__name__})): it opens connections of its own, several "
+        f"at once, and runs handlers side by side. Pass {maker}(bind={engine}); for a tenant "
+        f"chosen by schema_translate_map, bind it to {engine}.execution_options("
+        f"schema_translate_map={{...}}) (the map on the engine, not on a connection).{tests}"
+    )
 
 
 def own_pool(pool: Pool, size: int) -> Pool:

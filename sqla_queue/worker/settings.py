@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sqlalchemy import Engine
+
 from sqla_queue.core.times import check_seconds
 from sqla_queue.instrumentation import WorkerObserver, check_observers
 from sqla_queue.spec import check_whole_number
@@ -31,6 +33,20 @@ def _seconds(name: str, value: object, *, low: float, high: float = MAX_SECONDS)
     seconds = check_seconds(name, value, maximum=high)
     if seconds < low:
         raise ValueError(f"{name} must be at least {low:g} seconds, got {value!r}")
+
+
+def _background_engine(engine: object) -> None:
+    if engine is None:
+        return
+    if not isinstance(engine, Engine):
+        raise TypeError(
+            f"background_engine must be a synchronous SQLAlchemy Engine (create_engine("
+            f'"postgresql+psycopg://...")) or None, got {engine!r}'
+        )
+    if engine.dialect.name != "postgresql":
+        raise ValueError(
+            f"background_engine must be a PostgreSQL engine, got a {engine.dialect.name} one"
+        )
 
 
 @dataclass(frozen=True)
@@ -98,6 +114,15 @@ class WorkerSettings:
         observers: what hears each job attempt start and finish, and each lost job the
             worker reclaims (see :mod:`sqla_queue.instrumentation`): Prometheus metrics,
             OpenTelemetry spans. None by default, and then the worker makes no such call.
+        background_engine: an async worker's synchronous engine (``create_engine(
+            "postgresql+psycopg://...")``) on the same database as its session factory's,
+            for its heartbeater, services and ``def`` daemons, which run in threads, and
+            its LISTEN connection; the worker gives it a pool of its own. By default the
+            worker derives one from the async engine: with psycopg, the same connect
+            keywords (``connect_args``) and ``connect`` listeners. It needs this setting
+            (and refuses to start without it, naming it) when the async engine connects
+            through an ``async_creator``, or with asyncpg arguments or listeners beyond the
+            URL's. A sync worker ignores it.
     """
 
     concurrency: int = 10
@@ -116,6 +141,7 @@ class WorkerSettings:
     pool_size: int = 3
     install_signal_handlers: bool = True
     observers: Sequence[WorkerObserver] = ()
+    background_engine: Engine | None = None
 
     def __post_init__(self) -> None:
         _whole("concurrency", self.concurrency, low=1, high=MAX_CONCURRENCY)
@@ -152,6 +178,7 @@ class WorkerSettings:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be True or False, got {value!r}")
+        _background_engine(self.background_engine)
         object.__setattr__(self, "observers", check_observers(self.observers))
 
     @property

@@ -101,7 +101,7 @@ class Worker(WorkerBase):
 
     def _loop(self, core: WorkerCore, engine: Engine) -> None:
         wake = self._wake
-        pool, heartbeater, listener = self._start_background(core, engine, engine.url)
+        pool, heartbeater, listener = self._start_background(core, engine)
         private_loop = PrivateLoop() if self.plan.has_async else None
         make_context = self._make_context(core)
         runner = self._runner(core)

@@ -49,6 +49,8 @@ def _fetch(url: str, sql: str) -> list[tuple[Any, ...]]:
         engine.dispose()
 
 
+# The demo's two worker processes, its shop and its report hold up to about 30 at once.
+@pytest.mark.connection_budget(35)
 def test_demo_on_a_given_database_commits_confirms_and_rolls_back(empty_db_url: str) -> None:
     # A first, smaller run leaves its tables behind; the second must replace them.
     first = _run_demo("--url", empty_db_url, "--orders", "40", "--workers", "1")

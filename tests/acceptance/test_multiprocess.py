@@ -27,7 +27,7 @@ def test_four_processes_run_eight_thousand_jobs_exactly_once(
             "--tasks",
             "tally",
             "--concurrency",
-            "10",
+            "5",  # 4 processes within the test's connection budget (tests/conftest.py)
             "--burst",
             log_path=tmp_path / f"worker{i}.log",
         )

@@ -62,7 +62,7 @@ def test_no_window_exceeds_the_limit_across_six_processes(
             "--tasks",
             "record",
             "--concurrency",
-            "8",
+            "3",  # 6 processes within the test's connection budget (tests/conftest.py)
             "--poll-interval",
             "0.2",
             log_path=tmp_path / f"w{i}.log",

@@ -1,7 +1,8 @@
 """A small, realistic queue for the dashboard's tests and screenshots.
 
-Jobs that really ran (a worker thread runs them: results, a real failure with its
-traceback), jobs still waiting, a linked row, a unique key and one live worker's row.
+Jobs that really ran (a worker thread runs them: results, real failures with their
+tracebacks, one with a long message), jobs still waiting, one running, a linked row, a
+unique key and one live worker's row (serving seven tasks, which a page must fit).
 """
 
 from __future__ import annotations
@@ -15,7 +16,20 @@ from sqlalchemy import Engine, func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from tests.support.app import Order, queue
-from tests.support.running import wait_for, worker_thread
+from tests.support.running import pretend_claimed, wait_for, worker_thread
+
+#: A failure message longer than any table cell: words, then a token without a break.
+LONG_ERROR = (
+    "payment gateway refused the charge: the card issuer answered 'do not honor' after "
+    "three retries; see https://payments.example.com/charges/"
+    + "ch_"
+    + "3f9a" * 30
+    + " for the full exchange, and check the customer's billing address"
+)
+#: A queue_id longer than any table cell, without a break.
+LONG_KEY = "tenant-" + "a1b2c3" * 20
+#: The tasks the live worker's beat says it serves.
+WORKER_TASKS = ["boom", "crash", "echo", "flaky", "keyed", "noop", "record"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +42,8 @@ class Seeded:
     linked: int
     unique: int
     scheduled: int
+    #: A noop job that the live worker runs (its first attempt).
+    running: int
 
 
 def seed(engine: Engine) -> Seeded:
@@ -43,26 +59,31 @@ def seed(engine: Engine) -> Seeded:
         failed = [
             queue.enqueue(session, "boom", {"message": f"card declined ({i})"}) for i in range(2)
         ]
+        failed.append(queue.enqueue(session, "boom", {"message": LONG_ERROR}))
     finished = [*succeeded, linked, unique, *failed]
     worker = queue.worker(factory, tasks=["echo", "boom"], concurrency=2, poll_interval=0.2)
     with worker_thread(worker):
         wait_for(lambda: _count_finished(factory, finished) == len(finished), timeout=60)
     with factory.begin() as session:
         pending = [queue.enqueue(session, "noop") for _ in range(3)]
+        pending.append(queue.enqueue(session, "noop", queue_id=LONG_KEY))
         scheduled = queue.enqueue(session, "noop", delay=dt.timedelta(hours=1))
-        # A worker that is alive now, as its registry beat would leave it.
+        running = queue.enqueue(session, "noop")
+        # A worker that is alive now, as its registry beat would leave it, running a job.
+        worker_id = uuid.uuid4()
         session.execute(
             insert(queue.tables.workers).values(
-                worker_id=uuid.uuid4(),
+                worker_id=worker_id,
                 hostname=socket.gethostname(),
                 pid=4242,
-                tasks=["boom", "echo", "noop"],
+                tasks=WORKER_TASKS,
                 concurrency=8,
                 running=1,
                 finished=128,
             )
         )
-    return Seeded(failed, [*succeeded], pending, linked, unique, scheduled)
+        pretend_claimed(session.connection(), running, worker=worker_id)
+    return Seeded(failed, [*succeeded], pending, linked, unique, scheduled, running)
 
 
 def _count_finished(factory: sessionmaker[Session], ids: list[int]) -> int:

@@ -2,13 +2,17 @@
 
 Served by uvicorn on 127.0.0.1, like ``sqla-queue dashboard``; the test clicks through a
 requeue of a failed job and the pause of a task, answers the confirmation dialogs, and
-checks the database. It saves the screenshots of the guide (docs/images/dashboard-*.png).
+checks the database. Every page is shown at 1024 and 1400 px wide: none may scroll
+sideways, and each is saved as a screenshot in the test's temporary directory (printed).
+``SQLA_QUEUE_WRITE_DOCS_IMAGES=1`` also writes the guide's images
+(docs/images/dashboard-*.png, at 1400 px); without it the tracked images are left alone.
 Skipped, with the reason, when chromium or chromedriver is not installed
 (``.ci/install_browser.sh`` installs them).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import threading
@@ -20,7 +24,14 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from tests.browser.dashboard_data import Seeded, add_history, is_paused, job_status, seed
+from tests.browser.dashboard_data import (
+    LONG_ERROR,
+    Seeded,
+    add_history,
+    is_paused,
+    job_status,
+    seed,
+)
 from tests.support.app import queue
 from tests.support.running import wait_for
 
@@ -30,6 +41,13 @@ pytestmark = pytest.mark.browser
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+#: Set to 1 to (re)write the guide's screenshots in docs/images.
+WRITE_DOCS_IMAGES = os.environ.get("SQLA_QUEUE_WRITE_DOCS_IMAGES") == "1"
+#: The widths every page must fit without scrolling sideways: a small laptop, a desktop.
+WIDTHS = (1024, 1400)
+#: The guide's screenshots (docs/guides/dashboard.md), taken at this width.
+DOCS_WIDTH = 1400
+DOCS_PAGES = frozenset({"overview", "jobs", "job", "workers"})
 
 if CHROMIUM is None or CHROMEDRIVER is None:
     pytest.skip(
@@ -88,12 +106,62 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
-def _shot(driver: Any, name: str, height: int) -> None:
-    IMAGES.mkdir(parents=True, exist_ok=True)
-    driver.set_window_size(1400, height)
-    path = IMAGES / f"dashboard-{name}.png"
-    assert driver.get_screenshot_as_file(str(path)), f"no screenshot written to {path}"
-    assert path.stat().st_size > 10_000
+# The elements that end beyond the window's right edge (hidden by a clipping box, or
+# past a scroll), but the text inside a <pre>, which scrolls in its own box on purpose.
+_BEYOND_THE_RIGHT_EDGE = """
+var edge = document.documentElement.clientWidth;
+var out = [];
+document.querySelectorAll("body *").forEach(function (e) {
+  if (e.closest("pre")) { return; }
+  var r = e.getBoundingClientRect();
+  if (r.width > 0 && r.right > edge + 0.5) {
+    out.push(e.tagName + (e.id ? "#" + e.id : "") + " " + (e.textContent || "").slice(0, 30));
+  }
+});
+return out.slice(0, 5);
+"""
+
+
+def _fits_and_shot(driver: Any, shots: Path, name: str, height: int) -> None:
+    """At each of :data:`WIDTHS`: the page fits the window's width (no sideways scroll),
+    and a screenshot goes to ``shots`` (and, on request, the guide's to docs/images)."""
+    for width in WIDTHS:
+        driver.set_window_size(width, height)
+        inner = driver.execute_script("return window.innerWidth")
+        assert inner == width, f"the window is {inner} px wide, not {width}"
+        scroll, client = driver.execute_script(
+            "var e = document.documentElement; return [e.scrollWidth, e.clientWidth];"
+        )
+        assert scroll <= client, f"{name} scrolls sideways at {width} px: {scroll} > {client}"
+        beyond = driver.execute_script(_BEYOND_THE_RIGHT_EDGE)
+        assert not beyond, f"{name} at {width} px: cut off on the right: {beyond}"
+        targets = [shots / f"dashboard-{name}-{width}.png"]
+        if WRITE_DOCS_IMAGES and width == DOCS_WIDTH and name in DOCS_PAGES:
+            IMAGES.mkdir(parents=True, exist_ok=True)
+            targets.append(IMAGES / f"dashboard-{name}.png")
+        for path in targets:
+            assert driver.get_screenshot_as_file(str(path)), f"no screenshot written to {path}"
+            assert path.stat().st_size > 10_000
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Iterator[Path]:
+    """Where this run's screenshots go (the path is printed: look at them). Unless asked
+    to, the run leaves the guide's tracked images as they were."""
+    print(f"screenshots in {tmp_path}")
+    before = _docs_images()
+    yield tmp_path
+    if not WRITE_DOCS_IMAGES:
+        assert _docs_images() == before, (
+            "docs/images changed without SQLA_QUEUE_WRITE_DOCS_IMAGES=1"
+        )
+
+
+def _docs_images() -> dict[str, tuple[int, int]]:
+    return {
+        path.name: (path.stat().st_mtime_ns, path.stat().st_size)
+        for path in IMAGES.glob("dashboard-*.png")
+    }
 
 
 def _confirm(driver: Any, accept: bool) -> str:
@@ -106,7 +174,9 @@ def _confirm(driver: Any, accept: bool) -> str:
     return text
 
 
-def test_click_through_actions_and_screenshots(engine: Engine, server: str, browser: Any) -> None:
+def test_click_through_actions_and_screenshots(
+    engine: Engine, server: str, browser: Any, shots: Path
+) -> None:
     # History first: the newest jobs, at the top of the list, are the seeded ones.
     assert add_history(engine) > 1000
     seeded: Seeded = seed(engine)
@@ -115,13 +185,16 @@ def test_click_through_actions_and_screenshots(engine: Engine, server: str, brow
     browser.get(f"{server}/")
     assert browser.find_element(By.ID, "mode").text == "actions on · ops"
     assert browser.find_element(By.CSS_SELECTOR, "svg.chart")
-    _shot(browser, "overview", 900)
+    _fits_and_shot(browser, shots, "overview", 900)
+    for button in browser.find_elements(By.CSS_SELECTOR, "#tasks button"):
+        assert button.is_displayed(), f"{button.text} is hidden"
 
     browser.get(f"{server}/jobs")
     rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")
     assert len(rows) == 50
     assert browser.find_element(By.ID, "older")
-    _shot(browser, "jobs", 1000)
+    assert LONG_ERROR[:30] in browser.find_element(By.ID, "jobs").text
+    _fits_and_shot(browser, shots, "jobs", 1000)
     browser.find_element(By.CSS_SELECTOR, "#filters select[name=state]").send_keys("failed")
     browser.find_element(By.CSS_SELECTOR, "#filters button[type=submit]").click()
     WebDriverWait(browser, 10).until(lambda d: "state=failed" in d.current_url)
@@ -133,11 +206,23 @@ def test_click_through_actions_and_screenshots(engine: Engine, server: str, brow
 
     browser.get(f"{server}/workers")
     assert "4242" in browser.find_element(By.ID, "workers").text
-    _shot(browser, "workers", 500)
+    _fits_and_shot(browser, shots, "workers", 500)
+
+    browser.get(f"{server}/jobs/{seeded.running}")
+    assert browser.find_element(By.ID, "job-attempts").text == "1 of 1, running now"
+    _fits_and_shot(browser, shots, "job-running", 700)
+
+    browser.get(f"{server}/jobs/{seeded.failed[-1]}")
+    assert LONG_ERROR[:30] in browser.page_source
+    _fits_and_shot(browser, shots, "job-long-error", 1100)
+
+    browser.get(f"{server}/jobs?before=%C2%B2")
+    assert "before must be a whole number" in browser.find_element(By.ID, "error").text
+    _fits_and_shot(browser, shots, "refused", 500)
 
     browser.get(f"{server}/jobs/{failed}")
     assert "card declined (0)" in browser.page_source
-    _shot(browser, "job", 1100)
+    _fits_and_shot(browser, shots, "job", 1100)
 
     # Requeue: a dismissed confirmation changes nothing; an accepted one requeues.
     button = browser.find_element(By.CSS_SELECTOR, "#job-actions button")

@@ -21,15 +21,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, make_url, text
 
+from sqla_queue.testing.databases import DatabaseFactory
 from tests.docs.markdown import Block, Page, parse_page
 
 pytestmark = pytest.mark.integration
@@ -202,25 +206,33 @@ def _with_burst(command: str) -> str:
     )
 
 
-def test_readme_quick_start(empty_db_url: str, tmp_path: Path) -> None:
-    """The README's quick start: the app module, enqueue, a worker in code, then the CLI."""
+def _quick_start_blocks() -> tuple[Page, Block, Block]:
+    """The README's quick start: the page, its database set-up commands, its CLI worker."""
     page = parse_page(README)
-    files = page.marked("file")
     shells = page.marked("shell")
-    assert [b.argument for b in files] == ["myapp/jobs.py"]
+    assert [b.argument for b in page.marked("file")] == ["myapp/jobs.py"]
     assert len(page.runnable) >= 2, "the quick start lost its enqueue or worker example"
-    assert len(shells) == 1 and "sqla-queue worker" in shells[0].source
-    for block in files:
-        target = tmp_path / str(block.argument)
+    assert len(shells) == 2, "the quick start needs its database set-up and its CLI worker"
+    setup, worker = shells
+    assert "createdb" in setup.source and "export DATABASE_URL=" in setup.source, setup.source
+    assert "sqla-queue worker" in worker.source
+    return page, setup, worker
+
+
+def run_quick_start(database_url: str, workdir: Path) -> None:
+    """Everything after the database set-up, copied from the README, on ``database_url``."""
+    page, _setup, worker = _quick_start_blocks()
+    for block in page.marked("file"):
+        target = workdir / str(block.argument)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(block.source, encoding="utf-8")
 
-    result = run_blocks(page.runnable, tmp_path, empty_db_url)
+    result = run_blocks(page.runnable, workdir, database_url)
     assert_printed(page, result.stdout)
 
     # A job for the CLI worker, enqueued the way the quick start does it.
     produce = Block(
-        path=tmp_path / "produce.py",
+        path=workdir / "produce.py",
         line=1,
         language="python",
         source=(
@@ -231,12 +243,58 @@ def test_readme_quick_start(empty_db_url: str, tmp_path: Path) -> None:
         marker=None,
         argument=None,
     )
-    run_blocks([produce], tmp_path, empty_db_url)
-    cli = run_shell(_with_burst(shells[0].source), tmp_path, empty_db_url)
+    run_blocks([produce], workdir, database_url)
+    cli = run_shell(_with_burst(worker.source), workdir, database_url)
     assert cli.stdout.count("welcome mail for user 42") == 1, _report("the CLI worker", cli)
 
-    assert query(empty_db_url, "SELECT email FROM users ORDER BY id") == [("ada@example.com",)]
+    assert query(database_url, "SELECT email FROM users ORDER BY id") == [("ada@example.com",)]
     statuses = query(
-        empty_db_url, "SELECT payload -> 'args', status FROM sqla_queue_jobs ORDER BY id"
+        database_url, "SELECT payload -> 'args', status FROM sqla_queue_jobs ORDER BY id"
     )
     assert statuses == [([1], "succeeded"), ([42], "succeeded")]
+
+
+def test_readme_quick_start(empty_db_url: str, tmp_path: Path) -> None:
+    """The README's quick start: the app module, enqueue, a worker in code, then the CLI."""
+    run_quick_start(empty_db_url, tmp_path)
+
+
+_FALLBACK_URL = re.compile(r"""os\.environ\.get\(\s*"DATABASE_URL",\s*"(?P<url>[^"]+)"\s*\)""")
+_LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def test_readme_quick_start_from_its_own_database_set_up(
+    admin_url: str, db_factory: DatabaseFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Copy-pasted whole: the set-up commands create the database the code falls back to.
+
+    The README's ``createdb`` and ``export`` run as shown, with only the database's name
+    made unique (``myapp`` may exist on a shared server); the URL they export must be the
+    one ``myapp/jobs.py`` falls back to, and the rest of the quick start runs on it.
+    """
+    server = make_url(admin_url)
+    if server.host not in _LOCAL_HOSTS:
+        pytest.skip(f"the README's commands use localhost; the test server is {server.host}")
+    if shutil.which("createdb") is None:
+        pytest.skip("createdb (PostgreSQL's client programs) is not installed")
+    _page, setup, _worker = _quick_start_blocks()
+    jobs = parse_page(README).marked("file")[0].source
+    fallback = _FALLBACK_URL.search(jobs)
+    assert fallback, "myapp/jobs.py lost its DATABASE_URL fallback"
+
+    name = f"sqlaq_readme_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    # The same connection settings for createdb, psql and the URL: libpq's environment.
+    for variable, value in (
+        ("PGUSER", server.username),
+        ("PGPORT", server.port),
+        ("PGPASSWORD", server.password),
+    ):
+        if value is not None:
+            monkeypatch.setenv(variable, str(value))
+    commands = re.sub(r"\bmyapp\b", name, setup.source)
+    try:
+        exported = run_shell(commands + '\nprintf "%s" "$DATABASE_URL"\n', tmp_path, "")
+        assert exported.stdout == fallback.group("url").replace("/myapp", f"/{name}")
+        run_quick_start(exported.stdout, tmp_path)
+    finally:
+        db_factory.drop(name)

@@ -17,6 +17,8 @@ import datetime as dt
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -533,12 +535,25 @@ CASES: list[Case] = [
     *(
         Case(f"requeue-{name}", lambda c, v=ids: queue.requeue(c.session, v), error, rule)
         for name, ids, error, rule in [
-            ("beyond-bigint", [2**63], ValueError, r"job id 9223372036854775808 is out of range"),
-            ("far-beyond-bigint", [10**30], ValueError, r"out of range: ids are bigint"),
-            ("below-bigint", [-(2**63) - 1], ValueError, r"out of range"),
+            (
+                "beyond-bigint",
+                [2**63],
+                ValueError,
+                r"a job id must be from -9223372036854775808 to 9223372036854775807 "
+                r"\(it is a PostgreSQL bigint\), got 9223372036854775808",
+            ),
+            ("far-beyond-bigint", [10**30], ValueError, r"PostgreSQL bigint\), got 10{30}"),
+            ("below-bigint", [-(2**63) - 1], ValueError, r"bigint\), got -9223372036854775809"),
             ("a-string", "123", TypeError, r"job_ids must be an iterable of job ids, got '123'"),
             ("an-int", 7, TypeError, r"job_ids must be an iterable"),
-            ("float-id", [1.5], TypeError, r"a job id must be a whole number, got 1\.5"),
+            ("float-id", [1.5], TypeError, r"a job id must be a whole number \(int\), got 1\.5"),
+            ("decimal-id", [Decimal("2.9")], TypeError, r"got Decimal\('2\.9'\) \(Decimal\)"),
+            ("whole-decimal-id", [Decimal("2")], TypeError, r"got Decimal\('2'\)"),
+            ("fraction-id", [Fraction(5, 2)], TypeError, r"got Fraction\(5, 2\)"),
+            ("spaced-text-id", [" 7"], TypeError, r"got ' 7'"),
+            ("underscored-text-id", ["1_000"], TypeError, r"got '1_000'"),
+            ("non-ascii-digit-id", ["\u0663"], TypeError, r"a job id must be a whole number"),
+            ("huge-text-id", ["9" * 5000], ValueError, r"bigint\), got a number of 5000 digits"),
             ("bool-id", [True], TypeError, r"got True"),
             ("text-id", ["x"], TypeError, r"got 'x'"),
         ]

@@ -358,7 +358,9 @@ def test_a_job_whose_execution_is_still_parked_can_be_requeued_at_once(
     with SessionLocal.begin() as session:
         assert queue.requeue(session, [job_id]) == [job_id]
     revived = execution_row(engine, job_id)
-    assert (revived.state, revived.attempt, revived.cancel_requested) == ("pending", 0, False)
+    # A requeued keyed job goes back in line: behind the job still waiting on its key.
+    state = "waiting" if parked_by.startswith("cancel") else "pending"
+    assert (revived.state, revived.attempt, revived.cancel_requested) == (state, 0, False)
     job = job_row(engine, job_id)
     assert (job.status, job.attempts, job.finished_at) == ("queued", 0, None)
     stats = queue.worker(SessionLocal, tasks=["echo", "keyed"], poll_interval=0.05).run(burst=True)

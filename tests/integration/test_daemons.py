@@ -22,9 +22,10 @@ from sqlalchemy import Engine, MetaData, create_engine, func, select, text, upda
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from sqla_queue import Queue
-from sqla_queue.daemons import DaemonBackoff, DaemonContext
+from sqla_queue.daemons import MIN_RESTART_DELAY, DaemonBackoff, DaemonContext
 from sqla_queue.worker.daemons import DaemonSupervisor
 from sqla_queue.worker.services import ServiceEnv
 from tests.support.app import QUEUE_SCHEMA
@@ -189,6 +190,35 @@ def test_a_crashing_daemon_restarts_with_backoff(SessionLocal: sessionmaker[Sess
         assert delay <= gap < delay + 0.5, gaps
     assert status.restarts == 3
     assert status.last_error == "RuntimeError: crash number 3"
+
+
+@pytest.mark.parametrize("returns", [False, True], ids=["crashes", "returns"])
+def test_the_fastest_backoff_allowed_restarts_at_a_bounded_rate(
+    SessionLocal: sessionmaker[Session], returns: bool
+) -> None:
+    """A daemon that fails (or returns) at once, on the shortest backoff there is, restarts
+    at most 1 / MIN_RESTART_DELAY times a second, each crash one write: never a hot loop."""
+    queue = new_queue()
+    starts: list[float] = []
+    fastest = DaemonBackoff(min_delay=MIN_RESTART_DELAY, max_delay=MIN_RESTART_DELAY, factor=1)
+
+    @queue.daemon(name="hot", backoff=fastest)
+    def hot(ctx: DaemonContext) -> None:
+        starts.append(time.monotonic())
+        if not returns:
+            raise RuntimeError("fails at once")
+
+    with worker_thread(worker_of(queue, SessionLocal.kw["bind"])):
+        wait_for(lambda: len(starts) >= 2, timeout=10)
+        time.sleep(1.5)
+        with SessionLocal() as session:
+            (status,) = queue.daemon_status(session)
+    window = starts[-1] - starts[0]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    assert min(gaps) >= MIN_RESTART_DELAY * 0.95, gaps
+    assert len(starts) <= window / MIN_RESTART_DELAY + 1, (len(starts), window)
+    assert len(starts) >= 5  # it does restart, over and over
+    assert status.restarts == (0 if returns else len(starts))
 
 
 def test_a_daemon_that_returns_is_started_again(SessionLocal: sessionmaker[Session]) -> None:
@@ -483,3 +513,146 @@ def test_async_daemon_on_a_sync_worker_gets_its_own_loop(
         wait_for(lambda: len(seen) == 2, timeout=10)
     assert seen == ["sqla-queue-daemon-async_on_sync-0", 7]
     assert done.is_set()
+
+
+# -- the daemon's connections are the worker's ---------------------------------------------
+
+#: What the engine's own configuration sets on each connection: ``connect_args`` (or the
+#: creator) its search_path and application name, a ``connect`` listener a custom setting.
+PROBE = "select current_setting('search_path'), current_setting('application_name'), " + (
+    "current_setting('sqlaq.probe', true)"
+)
+SEARCH_PATH = "daemon_probe_schema,public"
+
+
+def _configured(engine: Any, marker: str) -> list[str]:
+    """Add a ``connect`` listener and an engine event to ``engine``; return what they saw."""
+    from sqlalchemy import event
+
+    statements: list[str] = []
+
+    @event.listens_for(engine, "connect")
+    def set_probe(dbapi_connection: Any, record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"set sqlaq.probe = '{marker}'")
+        cursor.close()
+        dbapi_connection.commit()  # a connection leaves the creator idle, not in a transaction
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "sqlaq.probe" in statement:
+            statements.append(marker)
+
+    return statements
+
+
+def _async_engine_with_options(db_url: str, how: str) -> Any:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    options = f"-c search_path={SEARCH_PATH}"
+    if how == "connect_args":
+        return create_async_engine(
+            db_url, pool_size=2, connect_args={"options": options, "application_name": "dprobe"}
+        )
+    import psycopg
+
+    plain = db_url.replace("postgresql+psycopg://", "postgresql://")
+
+    async def creator() -> Any:
+        return await psycopg.AsyncConnection.connect(
+            plain, options=options, application_name="dprobe"
+        )
+
+    return create_async_engine(db_url, pool_size=2, async_creator=creator)
+
+
+@pytest.mark.usefixtures("daemons_table")
+@pytest.mark.parametrize("how", ["connect_args", "async_creator"])
+async def test_an_async_daemon_connects_as_the_workers_engine_does(db_url: str, how: str) -> None:
+    """connect_args / async_creator, events and execution options reach the daemon's loop."""
+    queue = new_queue()
+    engine = _async_engine_with_options(db_url, how)
+    statements = _configured(engine.sync_engine, "async-daemon")
+    seen: list[Any] = []
+
+    @queue.daemon(name="probe")
+    async def probe(ctx: DaemonContext) -> None:
+        async with ctx.session_factory() as session:
+            row = (await session.execute(text(PROBE))).one()
+            seen.append((tuple(row), session.bind.get_execution_options().get("logging_token")))
+        await ctx.async_wait(30)
+
+    tagged = engine.execution_options(logging_token="tenant-b")
+    # An async_creator cannot be repeated by the worker's threads: they need their own engine.
+    background = (
+        {"background_engine": create_engine(db_url, poolclass=NullPool)}
+        if how == "async_creator"
+        else {}
+    )
+    worker = queue.async_worker(
+        async_sessionmaker(tagged), poll_interval=0.2, shutdown_timeout=5.0, **background
+    )
+    run = asyncio.create_task(worker.run())
+    try:
+        for _ in range(200):
+            if seen:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(run, timeout=20)
+        await engine.dispose()
+    assert seen == [((SEARCH_PATH, "dprobe", "async-daemon"), "tenant-b")]
+    assert statements == ["async-daemon"]  # the engine's own events ran for the daemon
+
+
+def test_a_sync_daemon_connects_as_the_workers_engine_does(db_url: str) -> None:
+    """A ``def`` daemon of a sync worker uses the worker's engine, options and events."""
+    queue = new_queue()
+    options = f"-c search_path={SEARCH_PATH}"
+    engine = create_engine(
+        db_url, pool_size=2, connect_args={"options": options, "application_name": "dprobe"}
+    )
+    statements = _configured(engine, "sync-daemon")
+    seen: list[Any] = []
+
+    @queue.daemon(name="probe")
+    def probe(ctx: DaemonContext) -> None:
+        with ctx.session_factory() as session:
+            seen.append(tuple(session.execute(text(PROBE)).one()))
+        ctx.wait(30)
+
+    try:
+        with worker_thread(worker_of(queue, engine)):
+            wait_for(lambda: bool(seen), timeout=15)
+    finally:
+        engine.dispose()
+    assert seen == [(SEARCH_PATH, "dprobe", "sync-daemon")]
+    assert statements == ["sync-daemon"]
+
+
+async def test_a_daemon_loop_engine_from_a_bound_connection_keeps_its_options(
+    db_url: str,
+) -> None:
+    """A factory bound to an AsyncConnection: the daemon's engine is its engine's, with the
+    connection's execution options (a tenant's map) and its engine's connect_args."""
+    from sqla_queue.worker.daemons import _loop_engine
+
+    engine = _async_engine_with_options(db_url, "connect_args")
+    tenant = {"tenant": "tenant_b"}
+    try:
+        async with engine.connect() as connection:
+            bound = await connection.execution_options(schema_translate_map=tenant)
+            derived = _loop_engine(bound)
+            try:
+                assert derived.get_execution_options()["schema_translate_map"] == tenant
+                async with derived.connect() as other:
+                    row = (await other.execute(text(PROBE))).one()
+                assert tuple(row)[:2] == (SEARCH_PATH, "dprobe")
+                assert derived.sync_engine.pool is not engine.sync_engine.pool
+            finally:
+                await derived.dispose()
+        with pytest.raises(TypeError, match="bound to an AsyncEngine or AsyncConnection"):
+            _loop_engine(create_engine(db_url))
+    finally:
+        await engine.dispose()

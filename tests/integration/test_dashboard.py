@@ -27,9 +27,11 @@ with warnings.catch_warnings():
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
+from sqla_queue.dashboard.chart import axis_ticks, bar_chart
 from sqla_queue.dashboard.csrf import COOKIE_NAME, CsrfSigner
-from tests.browser.dashboard_data import Seeded, is_paused, job_status, seed
+from tests.browser.dashboard_data import LONG_ERROR, Seeded, is_paused, job_status, seed
 from tests.support.app import queue
+from tests.support.running import wait_for, worker_thread
 
 pytestmark = pytest.mark.integration
 
@@ -77,13 +79,13 @@ def test_every_page_renders_with_data(read_only: TestClient, seeded: Seeded) -> 
     for task in ("echo", "boom", "noop"):
         assert f'<tr data-task="{task}">' in overview.text
     assert '<svg class="chart"' in overview.text
-    # 3 noop jobs due now; the delayed one is scheduled, not pending.
-    assert '<span class="big" id="total-pending">3</span>' in overview.text
+    # 4 noop jobs due now; the delayed one is scheduled, the claimed one running.
+    assert '<span class="big" id="total-pending">4</span>' in overview.text
 
     jobs = read_only.get("/jobs")
     assert jobs.status_code == 200
     every = [*seeded.failed, *seeded.succeeded, *seeded.pending, seeded.linked, seeded.unique]
-    assert set(every) | {seeded.scheduled} == set(_ids(jobs.text))
+    assert set(every) | {seeded.scheduled, seeded.running} == set(_ids(jobs.text))
     assert _ids(jobs.text) == sorted(_ids(jobs.text), reverse=True)
 
     failed = read_only.get(f"/jobs/{seeded.failed[0]}")
@@ -223,7 +225,7 @@ def test_task_actions_and_cancel(engine: Engine, admin: TestClient, seeded: Seed
     wrong = admin.post("/tasks/noop/limit", data={"csrf_token": token, "limit": "0"})
     assert wrong.status_code == 400
     unknown = admin.post("/tasks/nosuchtask/pause", data={"csrf_token": token})
-    assert unknown.status_code == 400
+    assert unknown.status_code == 404
     assert not is_paused(engine, "nosuchtask")
 
     job = seeded.pending[0]
@@ -282,3 +284,132 @@ def test_bad_options_are_refused(engine: Engine) -> None:
         queue.dashboard("postgresql://nowhere")
     with pytest.raises(TypeError, match="auth"):
         queue.dashboard(engine, auth="admin")
+
+
+def _fact(html: str, name: str) -> str:
+    match = re.search(rf'<dd id="job-{name}">(.*?)</dd>', html)
+    assert match is not None, f"no {name} on the page"
+    return match.group(1)
+
+
+def _attempts_cell(html: str, job: int) -> str:
+    row = re.search(rf'<tr data-job="{job}">(.*?)</tr>', html, re.S)
+    assert row is not None, f"job {job} is not listed"
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+    return cells[3]
+
+
+def test_a_running_job_shows_its_running_attempt(engine: Engine) -> None:
+    factory = sessionmaker(engine)
+    with factory.begin() as session:
+        job = queue.enqueue(session, "sleepy", {"seconds": 60})
+    app = queue.dashboard(engine)
+    worker = queue.worker(factory, tasks=["sleepy"], poll_interval=0.1)
+    with TestClient(app) as client, worker_thread(worker):
+        wait_for(lambda: '<dd id="job-state">running</dd>' in client.get(f"/jobs/{job}").text)
+        page = client.get(f"/jobs/{job}").text
+        assert "state-running" in page
+        assert _fact(page, "attempts") == "1 of 1, running now"
+        assert "queued" not in page
+        assert _attempts_cell(client.get("/jobs").text, job) == "1/1"
+    # The graceful stop ended it (it is cooperative): that attempt, and no other, counts.
+    with TestClient(app) as client:
+        page = client.get(f"/jobs/{job}").text
+        assert _fact(page, "state") == "succeeded"
+        assert _fact(page, "attempts") == "1 of 1"
+
+
+def test_a_retried_job_shows_the_attempts_made(engine: Engine, seeded: Seeded) -> None:
+    with sessionmaker(engine).begin() as session:
+        job = queue.enqueue(session, "flaky", {"failures": 5})
+    worker = queue.worker(sessionmaker(engine), tasks=["flaky"], poll_interval=0.1)
+    with TestClient(queue.dashboard(engine)) as client:
+        with worker_thread(worker):
+            wait_for(lambda: _fact(client.get(f"/jobs/{job}").text, "state") == "failed")
+        page = client.get(f"/jobs/{job}").text
+        assert _fact(page, "attempts") == "4 of 4"
+        assert _attempts_cell(client.get("/jobs").text, job) == "4/4"
+        running = client.get(f"/jobs/{seeded.running}").text
+        assert _fact(running, "state") == "running"
+        assert _fact(running, "attempts") == "1 of 1, running now"
+        listed = client.get("/jobs").text
+        assert _attempts_cell(listed, seeded.running) == "1/1"
+        assert _attempts_cell(listed, seeded.pending[0]) == "0/1"
+        assert LONG_ERROR[:40] in listed
+
+
+@pytest.mark.parametrize(
+    ("peak", "labels"),
+    [
+        (0, [0, 1]),
+        (1, [0, 1]),
+        (3, [0, 1, 2, 3]),
+        (5, [0, 1, 2, 3, 4, 5]),
+        (7, [0, 2, 4, 6, 8]),
+        (42, [0, 10, 20, 30, 40, 50]),
+        (1234, [0, 500, 1000, 1500]),
+    ],
+)
+def test_the_chart_axis_reads_whole_counts_where_the_bars_end(peak: int, labels: list[int]) -> None:
+    import datetime as dt
+
+    assert axis_ticks(peak) == labels
+    counts = [peak, 1, 0]
+    svg = str(bar_chart(counts, dt.datetime.now(dt.UTC), label="test"))
+    axis = re.findall(
+        r'<text class="axis" x="42" y="([\d.]+)" text-anchor="end">([\d,]+)</text>', svg
+    )
+    assert [int(text.replace(",", "")) for _, text in axis] == labels
+    gridline = {int(text.replace(",", "")): float(y) - 4 for y, text in axis}
+    bars = re.findall(r'<rect class="bar" x="[\d.]+" y="([\d.]+)"', svg)
+    assert len(bars) == len([n for n in counts if n])
+    # Each bar's top sits on the line of its count, when a line has that count.
+    for count, top in zip([n for n in counts if n], bars, strict=True):
+        if count in gridline:
+            assert abs(float(top) - gridline[count]) < 0.2, (count, top, gridline)
+
+
+def test_a_requeue_refused_for_a_held_unique_key_says_why(
+    engine: Engine, admin: TestClient
+) -> None:
+    factory = sessionmaker(engine)
+    with factory.begin() as session:
+        first = queue.enqueue(session, "echo", {"value": 1}, unique_key="nightly")
+    assert queue.cancel(engine, [first]) == {first: "cancelled"}
+    with factory.begin() as session:
+        second = queue.enqueue(session, "echo", {"value": 2}, unique_key="nightly")
+
+    token = _token(admin, f"/jobs/{first}")
+    refused = admin.post(f"/jobs/{first}/requeue", data={"csrf_token": token})
+    assert refused.status_code == 409
+    error = re.search(r'<p class="error" role="alert" id="error">([^<]*)</p>', refused.text)
+    assert error is not None
+    assert error.group(1) == (
+        f"Job {first} was not requeued: its unique key &#39;nightly&#39; is held by job {second}."
+    )
+    held_by = re.search(r'<p id="held-by">.*?</p>', refused.text, re.S)
+    assert held_by is not None and f'<a href="/jobs/{second}">job {second}</a>' in held_by.group()
+    assert job_status(engine, first) == "cancelled"
+    assert job_status(engine, second) == "queued"
+
+    # Once the holder is gone, the same button requeues it.
+    assert queue.cancel(engine, [second]) == {second: "cancelled"}
+    done = admin.post(f"/jobs/{first}/requeue", data={"csrf_token": token})
+    assert done.headers["location"] == f"/jobs/{first}?done=requeued"
+    assert job_status(engine, first) == "queued"
+
+
+def test_a_task_that_is_gone_can_still_be_resumed(engine: Engine, admin: TestClient) -> None:
+    # Paused by an older release of the app, which had a task this one no longer has.
+    with engine.begin() as connection:
+        connection.execute(queue.tables.controls.insert().values(task="retired", paused=True))
+    assert "retired" not in queue.tasks
+    token = _token(admin, "/")
+    assert 'data-task="retired"' in admin.get("/").text
+    done = admin.post("/tasks/retired/resume", data={"csrf_token": token})
+    assert done.headers["location"] == "/?done=resumed"
+    assert not is_paused(engine, "retired")
+    # A name the queue never had is not stored, and says so.
+    unknown = admin.post("/tasks/nosuchtask/resume", data={"csrf_token": token})
+    assert unknown.status_code == 404
+    assert "This queue has no task &#39;nosuchtask&#39;." in unknown.text

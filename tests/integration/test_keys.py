@@ -145,13 +145,18 @@ def test_a_job_due_before_its_running_head_waits_and_breaks_no_claim(engine: Eng
     worker = uuid.uuid4()
     with Session(engine) as session, session.begin():
         head = keyed.options(queue_id="acct").enqueue(session, key="acct", seq=0)
+    # Due an hour before the head, enqueued before the head starts but committed after:
+    # the enqueue saw a head that had not started, so the job is pending, ahead of it.
+    enqueuer = Session(engine)
+    enqueuer.begin()
+    early = keyed.options(
+        queue_id="acct", run_at=dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    ).enqueue(enqueuer, key="acct", seq=1)
     with engine.begin() as connection:
         assert [r.id for r in _claim(connection, worker)] == [head]
+    enqueuer.commit()
+    enqueuer.close()
     with Session(engine) as session, session.begin():
-        # Due an hour before the running head: first in the key's order, but the key is busy.
-        early = keyed.options(
-            queue_id="acct", run_at=dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
-        ).enqueue(session, key="acct", seq=1)
         other = keyed.options(queue_id="other").enqueue(session, key="other", seq=2)
     assert _states(engine) == {head: "running", early: "pending", other: "pending"}
     with engine.begin() as connection:
@@ -163,6 +168,22 @@ def test_a_job_due_before_its_running_head_waits_and_breaks_no_claim(engine: Eng
         assert _succeed(connection, worker, head, attempt) == [head]
         connection.execute(CLEAR_DONE, {"keys": ["acct"]})
         assert [r.id for r in _claim(connection, worker)] == [early]
+
+
+def test_a_job_enqueued_behind_a_started_head_waits_whatever_its_due_time(
+    engine: Engine,
+) -> None:
+    worker = uuid.uuid4()
+    with Session(engine) as session, session.begin():
+        head = keyed.options(queue_id="acct").enqueue(session, key="acct", seq=0)
+    with engine.begin() as connection:
+        assert [r.id for r in _claim(connection, worker)] == [head]
+    with Session(engine) as session, session.begin():
+        # Due an hour before the running head: the head has started, and keeps its place.
+        early = keyed.options(
+            queue_id="acct", run_at=dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+        ).enqueue(session, key="acct", seq=1)
+    assert _states(engine) == {head: "running", early: "waiting"}
 
 
 def test_a_job_enqueued_while_its_key_has_no_head_joins_the_waiting_jobs_in_order(

@@ -704,3 +704,125 @@ async def test_scopes_against_a_running_async_worker(
         ).scalar_one()
     # The new job was only accepted once the hold had passed, on the database's clock.
     assert accepted_at - first_finished >= dt.timedelta(seconds=0.2)
+
+
+# -- requeue --------------------------------------------------------------------------------
+
+
+def _failed(engine: Engine, job_id: int) -> None:
+    finish(engine, job_id, start(engine, job_id), OutcomeKind.FAILED)
+
+
+def _key_holder(engine: Engine, key: str) -> tuple[int | None, str, float | None]:
+    with engine.connect() as connection:
+        row = connection.execute(select(KEYS).where(KEYS.c.key == key)).one()
+    return row.job_id, row.scope, row.hold_seconds
+
+
+def _queued_with_key(engine: Engine, key: str) -> list[int]:
+    with engine.connect() as connection:
+        return list(
+            connection.execute(
+                select(JOBS.c.id)
+                .where(JOBS.c.unique_key == key, JOBS.c.status == "queued")
+                .order_by(JOBS.c.id)
+            ).scalars()
+        )
+
+
+@pytest.mark.parametrize("ended", ["failed", "cancelled"])
+def test_a_requeue_leaves_a_job_alone_while_another_holds_its_key(
+    produce: Producer[Any], engine: Engine, ended: str
+) -> None:
+    first = produce(lambda b: unique("k").enqueue(b, value=1))
+    if ended == "failed":
+        _failed(engine, first)
+    else:
+        assert queue.cancel(engine, [first]) == {first: "cancelled"}
+    second = produce(lambda b: unique("k").enqueue(b, value=2))
+    assert second != first
+    report = produce(lambda b: queue.requeue(b, [first]))
+    assert report == []
+    assert report.refused == {first: f"its unique key 'k' is held by job {second}"}
+    assert report.held_by == {first: second}
+    # Left as it was: one queued job holds the key.
+    assert status_of(engine, first) == ended
+    assert _queued_with_key(engine, "k") == [second]
+    assert _key_holder(engine, "k")[0] == second
+
+
+def test_a_requeued_job_takes_its_free_key_back_with_its_scope(
+    produce: Producer[Any], engine: Engine
+) -> None:
+    first = produce(lambda b: unique("k", unique_scope="queued").enqueue(b))
+    _failed(engine, first)
+    report = produce(lambda b: queue.requeue(b, [first]))
+    assert (report, report.refused, report.requeued) == ([first], {}, [first])
+    assert _key_holder(engine, "k") == (first, "queued", None)
+    # It holds the key again: an enqueue of the key answers it.
+    assert produce(lambda b: unique("k", unique_scope="queued").enqueue(b)) == first
+    assert _queued_with_key(engine, "k") == [first]
+
+
+def test_a_job_still_holding_its_own_key_after_it_failed_is_requeued(
+    produce: Producer[Any], engine: Engine
+) -> None:
+    # Scope "an hour after it finished": the failed job itself holds the key.
+    first = produce(lambda b: unique("k", unique_scope=3600.0).enqueue(b))
+    _failed(engine, first)
+    assert produce(lambda b: unique("k", unique_scope=3600.0).enqueue(b)) == first
+    assert produce(lambda b: queue.requeue(b, [first])) == [first]
+    assert _key_holder(engine, "k") == (first, "finished", 3600.0)
+
+
+def test_one_requeue_of_two_jobs_of_one_key_puts_back_one(
+    produce: Producer[Any], engine: Engine
+) -> None:
+    first = produce(lambda b: unique("k").enqueue(b, value=1))
+    _failed(engine, first)
+    second = produce(lambda b: unique("k").enqueue(b, value=2))
+    _failed(engine, second)
+    plain = produce(lambda b: echo.enqueue(b, value=3))
+    assert queue.cancel(engine, [plain]) == {plain: "cancelled"}
+    report = produce(lambda b: queue.requeue(b, [second, plain, first]))
+    assert report == [first, plain]
+    assert report.held_by == {second: first}
+    assert _queued_with_key(engine, "k") == [first]
+    assert status_of(engine, second) == "failed"
+
+
+def test_an_enqueue_waits_for_a_requeue_that_took_the_key(engine: Engine) -> None:
+    first = unique_committed(engine)
+    _failed(engine, first)
+    with Session(engine) as requeuer, requeuer.begin():
+        assert queue.requeue(requeuer, [first]) == [first]
+        with engine.connect() as other:
+            other.execute(text("SET lock_timeout = '200ms'"))
+            with pytest.raises(OperationalError) as caught:
+                unique("k").enqueue(other)
+            assert getattr(caught.value.orig, "sqlstate", None) == "55P03"
+            other.rollback()
+    with Session(engine) as session, session.begin():
+        assert unique("k").enqueue(session) == first
+    assert _queued_with_key(engine, "k") == [first]
+
+
+def unique_committed(engine: Engine) -> int:
+    with Session(engine) as session, session.begin():
+        job_id: int = unique("k").enqueue(session)
+    return job_id
+
+
+async def test_an_async_requeue_reports_a_held_key(
+    async_engine: AsyncEngine, engine: Engine
+) -> None:
+    first = unique_committed(engine)
+    _failed(engine, first)
+    second = unique_committed(engine)
+    async with AsyncSession(async_engine) as session, session.begin():
+        report = await queue.requeue(session, [first])
+    assert (report, report.held_by) == ([], {first: second})
+    async with async_engine.begin() as connection:
+        assert await queue.cancel(connection, [second]) == {second: "cancelled"}
+        assert await queue.requeue(connection, [first]) == [first]
+    assert _queued_with_key(engine, "k") == [first]

@@ -14,7 +14,7 @@ from sqlalchemy import MetaData
 from sqlalchemy.dialects import postgresql
 
 from sqla_queue import InvalidIdentifierError, Queue, TaskAlreadyRegisteredError
-from sqla_queue.daemons import DaemonBackoff, DaemonContext, DaemonSpec
+from sqla_queue.daemons import MIN_RESTART_DELAY, DaemonBackoff, DaemonContext, DaemonSpec
 from sqla_queue.models import build_tables
 from sqla_queue.statements import daemons as statements
 
@@ -92,19 +92,44 @@ def test_backoff_count_starts_again_after_a_long_run() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("kwargs", "error", "message"),
     [
-        ({"min_delay": -1}, "0 <= min_delay <= max_delay"),
-        ({"min_delay": 5, "max_delay": 1}, "0 <= min_delay <= max_delay"),
-        ({"factor": 0.5}, "factor must be >= 1"),
-        ({"reset_after": -1}, "reset_after cannot be negative"),
-        ({"max_delay": float("inf")}, "must be finite"),
-        ({"factor": "2"}, "must be a number"),
+        ({"min_delay": 0}, ValueError, "min_delay must be at least 0.1 s"),
+        ({"min_delay": 0.099}, ValueError, "min_delay must be at least 0.1 s"),
+        ({"min_delay": -1}, ValueError, "min_delay must be non-negative"),
+        ({"min_delay": float("nan")}, ValueError, "min_delay must be a finite number"),
+        ({"min_delay": 10**400}, ValueError, "min_delay must be a finite number"),
+        ({"min_delay": 5, "max_delay": 1}, ValueError, "max_delay (1.0) must be at least"),
+        ({"max_delay": 0}, ValueError, "max_delay (0.0) must be at least min_delay (1.0)"),
+        ({"max_delay": float("inf")}, ValueError, "max_delay must be a finite number"),
+        ({"max_delay": 10 * 365 * 86_400}, ValueError, "max_delay must be at most"),
+        ({"factor": 0.5}, ValueError, "factor must be at least 1"),
+        ({"factor": 0}, ValueError, "factor must be at least 1"),
+        ({"factor": -2}, ValueError, "factor must be at least 1"),
+        ({"factor": float("nan")}, ValueError, "factor must be finite"),
+        ({"factor": float("inf")}, ValueError, "factor must be finite"),
+        ({"factor": 10**400}, ValueError, "factor must be finite"),
+        ({"factor": "2"}, TypeError, "factor must be a number"),
+        ({"factor": True}, TypeError, "factor must be a number"),
+        ({"min_delay": "1"}, TypeError, "min_delay must be a number of seconds"),
+        ({"reset_after": -1}, ValueError, "reset_after must be non-negative"),
+        ({"reset_after": float("-inf")}, ValueError, "reset_after must be a finite number"),
     ],
 )
-def test_backoff_validation(kwargs: dict[str, Any], message: str) -> None:
-    with pytest.raises((TypeError, ValueError), match=re.escape(message)):
+def test_backoff_validation(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=re.escape(message)):
         DaemonBackoff(**kwargs)
+
+
+def test_backoff_floor_is_the_fastest_policy_allowed() -> None:
+    # A daemon that crashes at once: never more than ten restarts (and writes) a second.
+    fastest = DaemonBackoff(min_delay=MIN_RESTART_DELAY, max_delay=MIN_RESTART_DELAY, factor=1)
+    assert MIN_RESTART_DELAY == 0.1
+    assert {fastest.delay(n) for n in range(1, 100)} == {0.1}
+    assert DaemonBackoff(min_delay=1, max_delay=2, factor=3, reset_after=0) == DaemonBackoff(
+        min_delay=1.0, max_delay=2.0, factor=3.0, reset_after=0.0
+    )
+    assert isinstance(DaemonBackoff(min_delay=1).min_delay, float)
 
 
 # -- registration -----------------------------------------------------------------------------

@@ -289,7 +289,7 @@ def test_the_last_wait_is_cut_to_the_timeout_then_it_times_out() -> None:
     assert flow.send([job("queued", "running")]) == Wait(2.0)
     clock.now += 2.0
     flow.send(False)
-    with pytest.raises(ResultTimeoutError, match="within 7s; it is still running") as caught:
+    with pytest.raises(ResultTimeoutError, match="within 7 s; it is still running") as caught:
         flow.send([job("queued", "running")])
     assert caught.value.job_id == 1
 

@@ -288,7 +288,7 @@ def test_schedule_copies_its_arguments() -> None:
     assert s.args == (1, 2)
     assert s.kwargs == {"a": 1}
     assert s.describe == "* * * * * (UTC)"
-    assert every(30).describe == "every 0:00:30"
+    assert every(30).describe == "every 30 s"
 
 
 # -- registration (no database) -----------------------------------------------------------

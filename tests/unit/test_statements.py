@@ -16,8 +16,10 @@ pytestmark = pytest.mark.unit
 
 from sqla_queue.statements.controls import (  # noqa: E402
     controlled_tasks_statement,
+    rate_backlog_statement,
     rate_lock_statement,
 )
+from sqla_queue.statements.unique import bind_keys_statement  # noqa: E402
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 DIALECT = postgresql.psycopg.dialect()  # the driver sqla_queue runs on: it casts binds
@@ -38,6 +40,7 @@ BUILDERS = {
     "claim_rated": lambda t: statements.claim_statement(t, rated=True),
     "claim_rated_limited": lambda t: statements.claim_statement(t, limited=True, rated=True),
     "rate_lock": rate_lock_statement,
+    "rate_backlog": rate_backlog_statement,
     "controlled_tasks": controlled_tasks_statement,
     "complete": statements.complete_statement,
     "heartbeat": statements.heartbeat_statement,
@@ -47,6 +50,8 @@ BUILDERS = {
     "clear_done": statements.clear_done_statement,
     "orphan_sweep": statements.orphan_sweep_statement,
     "requeue": statements.requeue_statement,
+    "requeue_keys": statements.requeue_keys_statement,
+    "bind_keys": bind_keys_statement,
     "enqueue_notify": lambda t: statements.enqueue_statement(t, notify=True),
     "enqueue_quiet": lambda t: statements.enqueue_statement(t, notify=False),
     "enqueue_unkeyed": lambda t: statements.enqueue_statement(t, notify=True, keyed=False),

@@ -37,10 +37,12 @@ from sqla_queue.statements.claim import (
 from sqla_queue.statements.complete import OUTCOME_COLUMNS, CompleteParams
 from sqla_queue.statements.controls import (
     ControlledTasksParams,
+    RateBacklogParams,
     RateLockParams,
     SetPausedParams,
     SetRateParams,
     controlled_tasks_statement,
+    rate_backlog_statement,
     rate_lock_statement,
     set_paused_statement,
     set_rate_statement,
@@ -60,6 +62,7 @@ CONTRACTS: list[tuple[str, Callable[[QueueTables], Any], type]] = [
         LimitedRatedClaimParams,
     ),
     ("rate lock", rate_lock_statement, RateLockParams),
+    ("rate backlog", rate_backlog_statement, RateBacklogParams),
     ("controlled tasks", controlled_tasks_statement, ControlledTasksParams),
     ("set paused", set_paused_statement, SetPausedParams),
     ("set rate", set_rate_statement, SetRateParams),

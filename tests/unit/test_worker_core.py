@@ -5,6 +5,7 @@ No database, no threads, no ``Queue`` and no real clock: the core sees only what
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import math
@@ -551,3 +552,258 @@ def test_task_runtimes_are_validated(queue: WorkerPlan, change: dict[str, Any], 
         dataclasses.replace(queue.tasks["a"], **change)
     assert named in str(info.value)
     assert "task 'a'" in str(info.value)
+
+
+# -- issue 26: idle workers idle; burst and rate windows; operators' limit changes ----------
+
+
+def control(task: str, *, paused: bool = False, rate: tuple[int, float] | None = None) -> Any:
+    """A row of the controls the maintenance reads."""
+    rate_max, rate_seconds = rate if rate is not None else (None, None)
+    return SimpleNamespace(
+        task=task,
+        paused=paused,
+        rated=rate is not None and not paused,
+        rate_max=rate_max,
+        rate_seconds=rate_seconds,
+    )
+
+
+def rated_row(job_id: int | None, task: str, *, allowance: int, free_at: dt.datetime | None) -> Any:
+    """A row of a rated claim: a claimed job (or none), and what the claim saw of the window."""
+    return (
+        row(job_id, task, rate_allowance=allowance, rate_free_at=free_at)
+        if job_id
+        else (
+            SimpleNamespace(next_due=None, id=None, rate_allowance=allowance, rate_free_at=free_at)
+        )
+    )
+
+
+def backlog(due: bool) -> list[Any]:
+    """The rows of the rate backlog probe a burst run's rated claim ends with."""
+    return [SimpleNamespace(due=due)]
+
+
+def limited_plan(plan: WorkerPlan) -> WorkerPlan:
+    """``plan`` with a concurrency limit declared on task ``b``."""
+    tasks = dict(plan.tasks)
+    tasks["b"] = dataclasses.replace(tasks["b"], declared_limit=1)
+    return dataclasses.replace(plan, tasks=tasks)
+
+
+def fill_windows(core: WorkerCore, tasks: list[str], now: float, free_in: float) -> None:
+    """Claim each rated task once, the claim finding its window full for ``free_in`` s."""
+    free_at = T0 + dt.timedelta(seconds=free_in)
+    for task in tasks:
+        action = core.next_action(now)
+        assert action == Claim(action.size, rated=task) if isinstance(action, Claim) else False
+        core.prepare(action, now, lambda j: None).done(
+            [[], [], [rated_row(None, task, allowance=0, free_at=free_at)]]
+        )
+
+
+IDLE_CASES = {
+    "all paused": ([control("a", paused=True), control("b", paused=True)], []),
+    "all rated, windows full": (
+        [control("a", rate=(1, 3600.0)), control("b", rate=(1, 3600.0))],
+        ["a", "b"],
+    ),
+    "paused and rated full": (
+        [control("a", paused=True), control("b", rate=(1, 3600.0))],
+        ["b"],
+    ),
+    "one rated full, one plain": ([control("a", rate=(1, 3600.0))], ["a"]),
+    "nothing controlled": ([], []),
+}
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["unlimited", "b limited"])
+@pytest.mark.parametrize("seats", ["seats free", "no seat free"])
+@pytest.mark.parametrize("case", sorted(IDLE_CASES))
+def test_an_idle_worker_idles_whatever_its_tasks_are(
+    queue: WorkerPlan, case: str, seats: str, limited: bool
+) -> None:
+    """Every combination of paused, rated (window full), limited and empty claims waits
+    (no error) and keeps its maintenance, which would bring a resumed task back."""
+    controls, full = IDLE_CASES[case]
+    plan = limited_plan(queue) if limited else queue
+    core = WorkerCore(
+        plan,
+        WorkerSettings(concurrency=1, poll_interval=2.0, reclaim_interval=5.0),
+        clock=lambda: T0,
+        rng=random.Random(7),
+    )
+    assert core.next_action(0.0) == Maintain()
+    core.controls_read(controls)
+    fill_windows(core, full, 0.0, free_in=3600.0)
+    if seats == "no seat free":
+        action = core.next_action(0.0)
+        if core.claim_params(1)["tasks"]:
+            assert action == Claim(1)
+            task = core.claim_params(1)["tasks"][0]
+            assert len(core.accept_claim([row(1, task)], 1, 0.0, lambda j: None)) == 1
+        else:
+            assert isinstance(action, Wait)
+    elif core.claim_params(1)["tasks"]:
+        assert core.next_action(0.0) == Claim(1)
+        core.accept_claim([empty()], 1, 0.0, lambda j: None)
+    for now in (0.0, 1.0, 1.9):  # before the next poll (2 s) and maintenance (5 s)
+        action = core.next_action(now)
+        assert isinstance(action, Wait), (now, action)
+        assert 0.0 < action.timeout <= 2.0
+    assert core.next_action(5.0) == Maintain()
+
+
+def test_a_worker_whose_tasks_are_all_paused_idles_then_claims_once_resumed(
+    queue: WorkerPlan,
+) -> None:
+    core = core_for(queue, concurrency=4, poll_interval=1.0, reclaim_interval=5.0)
+    assert core.next_action(0.0) == Maintain()
+    core.controls_read([control("a", paused=True), control("b", paused=True)])
+    action = core.next_action(0.0)
+    assert action == Wait(1.0)  # the poll interval caps it; the maintenance comes at 5 s
+    assert core.next_action(5.0) == Maintain()
+    core.controls_read([control("a", paused=True)])
+    assert core.next_action(5.0) == Claim(4)
+    assert core.claim_params(4)["tasks"] == ["b"]
+
+
+def test_a_burst_run_does_not_wait_for_a_full_window_that_holds_back_nothing(
+    queue: WorkerPlan,
+) -> None:
+    """The claim that filled the week-long window took the task's last due job: the run
+    ends once that job is done, instead of sleeping out the week."""
+    core = core_for(queue, tasks=["a"], burst=True, concurrency=4)
+    assert core.next_action(0.0) == Maintain()
+    core.controls_read([control("a", rate=(2, 7 * 86400.0))])
+    action = core.next_action(0.0)
+    assert action == Claim(4, rated="a")
+    work = core.prepare(action, 0.0, lambda j: None)
+    # The guard, the lock, the claim, then the probe of what is left due.
+    assert len(work.steps) == 4
+    free_at = T0 + dt.timedelta(days=7)
+    rows = [rated_row(i, "a", allowance=2, free_at=free_at) for i in (1, 2)]
+    jobs = work.done([[], [], rows, backlog(False)])
+    for job in jobs:
+        core.record(job, returned(core, job, None))
+    assert core.next_action(0.0) == Flush()
+    core.completed(*_applied(core))
+    # Finishing may have made more due: one more look (the probe says nothing), then stop.
+    action = core.next_action(0.0)
+    assert action == Claim(4, rated="a")
+    core.prepare(action, 0.0, lambda j: None).done(
+        [[], [], [rated_row(None, "a", allowance=0, free_at=free_at)], backlog(False)]
+    )
+    assert core.next_action(0.0) == Stop()
+
+
+def test_a_burst_run_waits_for_a_full_window_while_due_jobs_are_left_behind_it(
+    queue: WorkerPlan,
+) -> None:
+    """Due jobs behind a full window are still due: the run waits for the window (jobs
+    not yet due it leaves, as for any task)."""
+    core = core_for(queue, tasks=["a"], burst=True, concurrency=4)
+    core.next_action(0.0)
+    core.controls_read([control("a", rate=(1, 2.0))])
+    free_at = T0 + dt.timedelta(seconds=2)
+    core.prepare(Claim(4, rated="a"), 0.0, lambda j: None).done(
+        [[], [], [rated_row(None, "a", allowance=0, free_at=free_at)], backlog(True)]
+    )
+    action = core.next_action(1.5)
+    assert isinstance(action, Wait) and action.timeout == pytest.approx(0.5)
+    assert core.next_action(2.0) == Claim(4, rated="a")
+    core.prepare(Claim(4, rated="a"), 2.0, lambda j: None).done(
+        [[], [], [rated_row(None, "a", allowance=1, free_at=None)], backlog(False)]
+    )
+    assert core.next_action(2.0) == Stop()
+
+
+def test_a_long_running_worker_claims_rated_tasks_without_the_burst_probe(
+    queue: WorkerPlan,
+) -> None:
+    core = core_for(queue, tasks=["a"], concurrency=4)
+    core.next_action(0.0)
+    core.controls_read([control("a", rate=(1, 2.0))])
+    work = core.prepare(Claim(4, rated="a"), 0.0, lambda j: None)
+    assert len(work.steps) == 3  # the guard, the lock, the claim
+
+
+def test_a_limit_changed_while_the_window_is_full_applies_at_the_next_maintenance(
+    queue: WorkerPlan,
+) -> None:
+    """An operator raises 1/hour to 100/hour: the worker stops waiting out the old hour at
+    its next maintenance and claims under the new limit at once."""
+    core = core_for(queue, tasks=["a"], concurrency=4, poll_interval=1.0, reclaim_interval=5.0)
+    assert core.next_action(0.0) == Maintain()
+    core.controls_read([control("a", rate=(1, 3600.0))])
+    fill_windows(core, ["a"], 0.0, free_in=3600.0)
+    for now in (1.0, 4.0):
+        assert isinstance(core.next_action(now), Wait)
+    assert core.next_action(5.0) == Maintain()
+    core.controls_read([control("a", rate=(1, 3600.0))])  # unchanged: still waits
+    assert isinstance(core.next_action(5.0), Wait)
+    assert core.next_action(10.0) == Maintain()
+    core.controls_read([control("a", rate=(100, 3600.0))])
+    assert core.next_action(10.0) == Claim(4, rated="a")
+
+
+def test_a_changed_period_also_ends_the_wait(queue: WorkerPlan) -> None:
+    core = core_for(queue, tasks=["a"], concurrency=4, reclaim_interval=5.0)
+    core.next_action(0.0)
+    core.controls_read([control("a", rate=(1, 3600.0))])
+    fill_windows(core, ["a"], 0.0, free_in=3600.0)
+    assert core.next_action(5.0) == Maintain()
+    core.controls_read([control("a", rate=(1, 1.0))])
+    assert core.next_action(5.0) == Claim(4, rated="a")
+
+
+class _Ends:
+    """An observer that keeps the kind of every attempt end it hears."""
+
+    def __init__(self) -> None:
+        self.kinds: list[OutcomeKind] = []
+
+    def job_started(self, job: Any, queue_wait: float | None) -> None:
+        pass
+
+    def job_finished(
+        self, job: Any, kind: OutcomeKind, duration: float, error: BaseException | None
+    ) -> None:
+        self.kinds.append(kind)
+
+    def jobs_lost(self, tasks: Any) -> None:
+        pass
+
+
+def test_an_async_run_closed_before_it_ends_records_no_failed_attempt(
+    queue: WorkerPlan,
+) -> None:
+    """A stopped loop's pending handler, closed when its task is collected: no outcome
+    and no failure for the observers, only the hand-back (its job was released)."""
+
+    async def forever() -> None:
+        await asyncio.sleep(3600)
+
+    runtime = dataclasses.replace(queue.tasks["a"], handler=forever, is_async=True)
+    core = core_for(queue)
+    (running,) = core.accept_claim([row(1)], 1, 0.0, lambda j: None)
+    running = RunningJob(running.job, runtime, [], {}, None)
+    recorded: list[Outcome] = []
+    ends = _Ends()
+    runner = HandlerRunner(
+        worker_id=core.worker_id,
+        clock=core.clock,
+        record=lambda r, o: recorded.append(o),
+        observer=ends,
+    )
+    loop = asyncio.new_event_loop()
+    try:
+        task = loop.create_task(runner.run_async(running))
+        loop.run_until_complete(asyncio.sleep(0.01))  # the handler now awaits
+        task._log_destroy_pending = False  # type: ignore[attr-defined]
+        task.get_coro().close()  # what collecting the abandoned task does
+    finally:
+        loop.close()
+    assert recorded == []
+    assert ends.kinds == [OutcomeKind.RELEASE]

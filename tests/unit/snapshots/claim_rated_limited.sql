@@ -49,9 +49,14 @@ FROM levels LEFT OUTER JOIN room ON room.task = levels.task JOIN LATERAL (SELECT
 FROM app.q_job_executions AS e 
 WHERE e.task = levels.task AND e.priority = levels.priority AND e.state = 'pending' AND e.slot IS NULL AND e.execute_at <= now() AND (e.queue_id IS NULL OR NOT (EXISTS (SELECT * 
 FROM app.q_job_executions AS r_key 
-WHERE r_key.queue_id = e.queue_id AND r_key.state = 'running')) AND NOT (EXISTS (SELECT * 
+WHERE r_key.queue_id = e.queue_id AND r_key.state = 'running')) AND (e.lease_seconds IS NOT NULL OR NOT (EXISTS (SELECT * 
 FROM app.q_job_executions AS p 
-WHERE p.queue_id = e.queue_id AND (p.state = 'pending' OR p.state = 'running') AND (p.execute_at, p.id) < (e.execute_at, e.id)))) ORDER BY e.execute_at, e.id 
+WHERE p.queue_id = e.queue_id AND (p.state = 'pending' OR p.state = 'running') AND (p.execute_at, p.id) < (e.execute_at, e.id))) AND NOT (EXISTS (SELECT * 
+FROM app.q_job_executions AS w_before 
+WHERE w_before.queue_id = e.queue_id AND w_before.state = 'waiting' AND (w_before.execute_at, w_before.id) < (e.execute_at, e.id))) AND (SELECT started.id 
+FROM app.q_job_executions AS started 
+WHERE started.queue_id = e.queue_id AND (started.state = 'pending' OR started.state = 'running') AND started.lease_seconds IS NOT NULL AND started.id != e.id 
+ LIMIT 1) IS NULL)) ORDER BY e.execute_at, e.id 
  LIMIT CASE WHEN (room.task IS NULL) THEN __[POSTCOMPILE_batch] ELSE (SELECT count(*) AS count_1 
 FROM seats 
 WHERE seats.task = room.task) END FOR NO KEY UPDATE OF e SKIP LOCKED) AS fresh ON true) AS numbered 
@@ -60,9 +65,14 @@ FROM unnest(%(tasks)s::TEXT[]) AS v(task) JOIN LATERAL (SELECT g.id AS id, g.tas
 FROM app.q_job_executions AS g 
 WHERE g.task = v.task AND g.state = 'pending' AND g.slot IS NOT NULL AND g.execute_at <= now() AND (g.queue_id IS NULL OR NOT (EXISTS (SELECT * 
 FROM app.q_job_executions AS r_key 
-WHERE r_key.queue_id = g.queue_id AND r_key.state = 'running')) AND NOT (EXISTS (SELECT * 
+WHERE r_key.queue_id = g.queue_id AND r_key.state = 'running')) AND (g.lease_seconds IS NOT NULL OR NOT (EXISTS (SELECT * 
 FROM app.q_job_executions AS p 
-WHERE p.queue_id = g.queue_id AND (p.state = 'pending' OR p.state = 'running') AND (p.execute_at, p.id) < (g.execute_at, g.id)))) ORDER BY g.priority DESC, g.execute_at, g.id 
+WHERE p.queue_id = g.queue_id AND (p.state = 'pending' OR p.state = 'running') AND (p.execute_at, p.id) < (g.execute_at, g.id))) AND NOT (EXISTS (SELECT * 
+FROM app.q_job_executions AS w_before 
+WHERE w_before.queue_id = g.queue_id AND w_before.state = 'waiting' AND (w_before.execute_at, w_before.id) < (g.execute_at, g.id))) AND (SELECT started.id 
+FROM app.q_job_executions AS started 
+WHERE started.queue_id = g.queue_id AND (started.state = 'pending' OR started.state = 'running') AND started.lease_seconds IS NOT NULL AND started.id != g.id 
+ LIMIT 1) IS NULL)) ORDER BY g.priority DESC, g.execute_at, g.id 
  LIMIT __[POSTCOMPILE_batch] FOR NO KEY UPDATE OF g SKIP LOCKED) AS seated ON true) AS both_ ORDER BY both_.priority DESC, both_.execute_at, both_.id 
  LIMIT least(__[POSTCOMPILE_batch], (SELECT gate.allowance 
 FROM gate))), 

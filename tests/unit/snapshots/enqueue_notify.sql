@@ -6,7 +6,10 @@ keys AS
 FROM new_jobs 
 WHERE new_jobs.queue_id IS NOT NULL), 
 ahead AS 
-(SELECT keys.queue_id AS queue_id, head.execute_at AS head_at, backlog.execute_at IS NOT NULL AS has_waiting 
+(SELECT keys.queue_id AS queue_id, head.execute_at AS head_at, backlog.execute_at IS NOT NULL AS has_waiting, (SELECT started.id 
+FROM app.q_job_executions AS started 
+WHERE started.queue_id = keys.queue_id AND (started.state = 'pending' OR started.state = 'running') AND started.lease_seconds IS NOT NULL 
+ LIMIT 1) IS NOT NULL AS started 
 FROM keys LEFT OUTER JOIN LATERAL (SELECT h.execute_at AS execute_at 
 FROM app.q_job_executions AS h 
 WHERE h.queue_id = keys.queue_id AND (h.state = 'pending' OR h.state = 'running') ORDER BY h.execute_at, h.id 
@@ -15,7 +18,7 @@ FROM app.q_job_executions AS w
 WHERE w.queue_id = keys.queue_id AND w.state = 'waiting' 
  LIMIT 1 FOR KEY SHARE OF w) AS backlog ON true), 
 new_executions AS 
-(INSERT INTO app.q_job_executions (id, task, priority, queue_id, state, execute_at) SELECT ranked.id AS id, ranked.task AS task, ranked.priority AS priority, ranked.queue_id AS queue_id, CASE WHEN (ranked.queue_id IS NULL) THEN 'pending' WHEN (ranked.turn > %(turn_1)s::INTEGER) THEN 'waiting' WHEN (ahead.head_at <= ranked.scheduled_at) THEN 'waiting' WHEN (ahead.head_at IS NULL AND ahead.has_waiting) THEN 'waiting' ELSE 'pending' END AS anon_1, ranked.scheduled_at AS scheduled_at 
+(INSERT INTO app.q_job_executions (id, task, priority, queue_id, state, execute_at) SELECT ranked.id AS id, ranked.task AS task, ranked.priority AS priority, ranked.queue_id AS queue_id, CASE WHEN (ranked.queue_id IS NULL) THEN 'pending' WHEN (ranked.turn > %(turn_1)s::INTEGER) THEN 'waiting' WHEN ahead.started THEN 'waiting' WHEN (ahead.head_at <= ranked.scheduled_at) THEN 'waiting' WHEN (ahead.head_at IS NULL AND ahead.has_waiting) THEN 'waiting' ELSE 'pending' END AS anon_1, ranked.scheduled_at AS scheduled_at 
 FROM (SELECT new_jobs.id AS id, new_jobs.task AS task, new_jobs.priority AS priority, new_jobs.queue_id AS queue_id, new_jobs.scheduled_at AS scheduled_at, row_number() OVER (PARTITION BY new_jobs.queue_id ORDER BY new_jobs.scheduled_at, new_jobs.id) AS turn 
 FROM new_jobs) AS ranked LEFT OUTER JOIN ahead ON ahead.queue_id = ranked.queue_id RETURNING app.q_job_executions.id), 
 wake AS 

@@ -1,0 +1,554 @@
+"""``sqla-queue failed``, ``jobs``, ``cancel``, ``result``, ``requeue`` and ``prune``: the
+commands on jobs (see :mod:`sqla_queue.listing` and :mod:`sqla_queue.admin`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from sqla_queue.admin import BIGINT_MAX
+from sqla_queue.cli.loading import CliError
+from sqla_queue.cli.main import (
+    COMMON_EXITS,
+    EXIT_CANCELLED,
+    EXIT_FAILED,
+    EXIT_FINISHED,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    _about,
+    _add_json,
+    _add_target,
+    _engine,
+    _iso,
+    _non_empty,
+    _print_json,
+    _states,
+    _target,
+    _timeout,
+    _whole_number,
+    parse_duration,
+)
+from sqla_queue.cli.render import (
+    TASK_WIDTH,
+    Cell,
+    Column,
+    format_attempts,
+    format_duration,
+    format_time,
+    json_text,
+    print_table,
+    say,
+)
+from sqla_queue.errors import (
+    JobCancelledError,
+    JobFailedError,
+    JobNotFoundError,
+    ResultTimeoutError,
+)
+from sqla_queue.listing import JobRow, list_jobs
+from sqla_queue.statements.lifecycle import CancelOutcome
+
+__all__ = [
+    "add_job_parsers",
+    "error_summary",
+    "run_cancel",
+    "run_failed",
+    "run_jobs",
+    "run_prune",
+    "run_requeue",
+    "run_result",
+]
+
+_RAW = argparse.RawDescriptionHelpFormatter
+
+FAILED_HELP = f"""\
+List failed jobs, the most recently failed first, at most --limit of them: id, task,
+attempt (made of allowed), when it failed (UTC) and its last error (type: message).
+`sqla-queue requeue` runs them again; --json gives each job's whole last error.
+
+exit status:
+  0  printed (also when no job failed)
+{COMMON_EXITS}"""
+
+JOBS_HELP = f"""\
+List jobs, newest first (by id), at most --limit of them: id, task, state, attempt
+(made of allowed), created and finished times (UTC), unique key and linked row. Filters
+combine with AND; a filter given several times (--task, --status) matches any of its
+values. In a narrow terminal the last columns give way (--json has them all).
+
+states: queued (every job not finished yet), succeeded, failed, cancelled, and the
+states of a queued job: running, cancelling (running, asked to stop), waiting (behind
+its queue_id), scheduled (due later), pending (due now).
+
+exit status:
+  0  printed (also when no job matched)
+{COMMON_EXITS}"""
+
+CANCEL_HELP = f"""\
+Cancel jobs: a queued job becomes cancelled and never starts; a running one is asked
+to stop (its handler sees ctx.cancel_requested within a heartbeat interval) and ends
+cancelled when its handler returns, unless it succeeds. Prints each job's outcome:
+cancelled, requested, finished (already over: nothing changed) or not_found.
+
+exit status:
+  0  every job was cancelled or asked to stop
+{COMMON_EXITS}
+  6  no job has one of the ids (the others were cancelled)
+  7  one of the jobs had already finished (the others were cancelled)"""
+
+RESULT_HELP = f"""\
+Wait for a job to finish and print its handler's return value as JSON. A failed job's
+error, its attempt and time, and the traceback the worker recorded go to stderr. The
+wait LISTENs for the job's completion (and reads it every few seconds besides).
+
+exit status:
+  0  the job succeeded: its result is printed
+{COMMON_EXITS}
+  3  the job failed
+  4  the job was cancelled
+  5  the job was still queued or running when the timeout passed
+  6  no job has this id (never enqueued, or pruned)
+  130 interrupted (Ctrl-C)"""
+
+REQUEUE_HELP = f"""\
+Run failed or cancelled jobs again, with a fresh set of attempts, in one transaction.
+Prints each job's outcome: requeued, left alone (it is in another state, or another job
+holds its unique key) or not_found. The jobs that can be requeued are, whatever the others.
+
+exit status:
+  0  every job was requeued
+{COMMON_EXITS}
+  6  no job has one of the ids (the others were requeued)
+  7  one of the jobs was left alone, and every id exists (the others were requeued)"""
+
+PRUNE_HELP = f"""\
+Delete finished jobs older than --older-than: succeeded and cancelled ones, and failed
+ones too with --include-failed (they wait for inspection and requeue otherwise). On a
+queue with partitioned history, whole partitions are dropped (or, with --detach,
+detached and kept as tables). Prints how many jobs went.
+
+exit status:
+  0  pruned (also when nothing was old enough)
+{COMMON_EXITS}"""
+
+
+def add_job_parsers(sub: argparse._SubParsersAction[Any]) -> None:
+    """Add ``failed``, ``jobs``, ``cancel``, ``result``, ``requeue`` and ``prune``."""
+    failed = sub.add_parser(
+        "failed",
+        help="list failed jobs, newest first",
+        description=FAILED_HELP,
+        formatter_class=_RAW,
+    )
+    _add_target(failed)
+    failed.add_argument(
+        "--limit", type=_whole_number(1, BIGINT_MAX, "--limit"), default=20, help="at most N"
+    )
+    _add_json(failed)
+    _add_jobs_parser(sub)
+    ids = _whole_number(1, BIGINT_MAX, "a job id")
+    cancel = sub.add_parser(
+        "cancel",
+        help="cancel jobs: queued ones never start, running ones are asked to stop",
+        description=CANCEL_HELP,
+        formatter_class=_RAW,
+    )
+    _add_target(cancel)
+    cancel.add_argument("ids", nargs="+", type=ids, help="job ids")
+    cancel.add_argument("--json", action="store_true", help="print the outcomes as JSON")
+    _add_result_parser(sub)
+    requeue = sub.add_parser(
+        "requeue",
+        help="run failed or cancelled jobs again",
+        description=REQUEUE_HELP,
+        formatter_class=_RAW,
+    )
+    _add_target(requeue)
+    requeue.add_argument("ids", nargs="+", type=ids, help="job ids")
+    requeue.add_argument("--json", action="store_true", help="print the outcomes as JSON")
+    prune = sub.add_parser(
+        "prune",
+        help="delete finished jobs older than a given age",
+        description=PRUNE_HELP,
+        formatter_class=_RAW,
+    )
+    _add_target(prune)
+    prune.add_argument(
+        "--older-than", type=parse_duration, required=True, help="age such as 7d, 12h, 30m, 90s"
+    )
+    prune.add_argument("--include-failed", action="store_true", help="failed jobs go too")
+    prune.add_argument(
+        "--detach",
+        action="store_true",
+        help="partitioned history: detach old partitions (kept as tables) instead of dropping",
+    )
+
+
+def _add_jobs_parser(sub: argparse._SubParsersAction[Any]) -> None:
+    jobs = sub.add_parser(
+        "jobs",
+        help="list jobs, newest first, by task, state, key or linked row",
+        description=JOBS_HELP,
+        formatter_class=_RAW,
+    )
+    _add_target(jobs)
+    jobs.add_argument(
+        "--task", action="append", type=_non_empty("--task"), help="only this task (repeatable)"
+    )
+    jobs.add_argument(
+        "--status",
+        action="append",
+        type=_states,
+        metavar="STATE",
+        help="only jobs in this state; repeatable, or comma-separated (failed,cancelled)",
+    )
+    jobs.add_argument(
+        "--key", type=_non_empty("--key"), help="only jobs whose unique_key or queue_id is KEY"
+    )
+    jobs.add_argument(
+        "--about",
+        type=_about,
+        metavar="TABLE[:KEY]",
+        help="only jobs linked to this row (orders:42), or to any row of TABLE",
+    )
+    jobs.add_argument(
+        "--limit",
+        type=_whole_number(1, BIGINT_MAX, "--limit"),
+        default=20,
+        metavar="N",
+        help="at most N jobs (default 20)",
+    )
+    _add_json(jobs)
+
+
+def _add_result_parser(sub: argparse._SubParsersAction[Any]) -> None:
+    result = sub.add_parser(
+        "result",
+        help="wait for a job to finish and print its result as JSON",
+        description=RESULT_HELP,
+        formatter_class=_RAW,
+    )
+    _add_target(result)
+    result.add_argument("id", type=_whole_number(1, BIGINT_MAX, "a job id"), help="the job id")
+    result.add_argument(
+        "--timeout",
+        type=_timeout,
+        default=30.0,
+        help="longest wait: 30s (default), 5m, 0 (look once) or none (no limit)",
+    )
+    result.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object, whatever the outcome: {id, outcome, result | error}",
+    )
+
+
+# -- shared pieces ------------------------------------------------------------------------
+
+
+def error_summary(error: dict[str, Any] | None) -> str:
+    """A last-error entry as one line of text: ``TYPE: MESSAGE`` (``-`` for none)."""
+    if not error:
+        return "-"
+    return f"{error.get('type', 'error')}: {error.get('message', '')}"
+
+
+def _rows_by_id(connection: Any, queue: Any, ids: Sequence[int]) -> dict[int, JobRow]:
+    """The listing rows of these jobs (ids that no job has are missing), by id."""
+    if not ids:
+        return {}
+    rows = list_jobs(connection, queue.tables, ids=ids, limit=len(ids))
+    return {row.id: row for row in rows}
+
+
+# -- failed ---------------------------------------------------------------------------------
+
+_FAILED_COLUMNS = (
+    Column("id", right=True),
+    Column("task", least=TASK_WIDTH),
+    Column("attempt", drop=2),
+    Column("failed at", drop=1),
+    Column("last error", least=24, cut="end"),
+)
+
+
+def run_failed(args: argparse.Namespace) -> int:
+    """Run ``sqla-queue failed APP``; returns the exit status."""
+    from sqla_queue.admin import failed_jobs
+
+    queue, url = _target(args)
+    engine = _engine(url)
+    try:
+        with engine.connect() as connection:
+            rows = failed_jobs(connection, queue.tables, limit=args.limit)
+            # The allowed attempts, which the failed listing does not carry.
+            listed = _rows_by_id(connection, queue, [row.id for row in rows])
+    finally:
+        engine.dispose()
+    if args.json:
+        _print_json(
+            [
+                {
+                    "id": row.id,
+                    "task": row.task,
+                    "attempts": row.attempts,
+                    "finished_at": _iso(row.finished_at),
+                    "last_error": row.last_error,
+                }
+                for row in rows
+            ]
+        )
+        return EXIT_OK
+    table: list[Sequence[Cell]] = [
+        (
+            str(row.id),
+            row.task,
+            format_attempts(row.attempts, listed[row.id].max_attempts)
+            if row.id in listed
+            else str(row.attempts),
+            format_time(row.finished_at),
+            error_summary(row.last_error),
+        )
+        for row in rows
+    ]
+    print_table(_FAILED_COLUMNS, table, empty="no failed jobs")
+    return EXIT_OK
+
+
+# -- jobs -----------------------------------------------------------------------------------
+
+_JOB_COLUMNS = (
+    Column("id", right=True),
+    Column("task", least=TASK_WIDTH),
+    Column("state"),
+    Column("attempt", drop=4),
+    Column("created", drop=3),
+    Column("finished", drop=5),
+    Column("unique key", least=12, drop=2),
+    Column("about", least=12, drop=1),
+)
+
+
+def run_jobs(args: argparse.Namespace) -> int:
+    """Run ``sqla-queue jobs APP``; returns the exit status."""
+    queue, url = _target(args)
+    about_table, about_key = args.about if args.about else (None, None)
+    states = [state for group in args.status or [] for state in group]
+    engine = _engine(url)
+    try:
+        with engine.connect() as connection:
+            rows = list_jobs(
+                connection,
+                queue.tables,
+                limit=args.limit,
+                tasks=args.task or [],
+                states=states,
+                key=args.key,
+                about_table=about_table,
+                about_key=about_key,
+            )
+    finally:
+        engine.dispose()
+    if args.json:
+        _print_json([row.as_json() for row in rows])
+        return EXIT_OK
+    table: list[Sequence[Cell]] = [
+        (
+            str(row.id),
+            row.task,
+            row.state,
+            format_attempts(row.attempts, row.max_attempts),
+            format_time(row.created_at),
+            format_time(row.finished_at),
+            row.unique_key if row.unique_key is not None else "-",
+            f"{row.about_table}:{row.about_key}" if row.about_table is not None else "-",
+        )
+        for row in rows
+    ]
+    print_table(_JOB_COLUMNS, table, empty="no jobs")
+    return EXIT_OK
+
+
+# -- cancel ---------------------------------------------------------------------------------
+
+#: How ``cancel`` shows each outcome: its word, then what it means.
+_CANCEL_WORDS = {
+    CancelOutcome.CANCELLED: "cancelled",
+    CancelOutcome.REQUESTED: "requested (it is running: asked to stop, it ends cancelled "
+    "unless it succeeds)",
+    CancelOutcome.FINISHED: "finished (already {status}: nothing to cancel)",
+    CancelOutcome.NOT_FOUND: "not_found (no job has this id)",
+}
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    """Run ``sqla-queue cancel APP ID...``; returns the exit status."""
+    queue, url = _target(args)
+    ids = list(dict.fromkeys(args.ids))
+    engine = _engine(url)
+    try:
+        # The cancel commits on a connection of its own; the statuses are read after it.
+        outcomes = queue.cancel(engine, ids)
+        finished = [job_id for job_id in ids if outcomes[job_id] == CancelOutcome.FINISHED]
+        statuses: dict[int, str] = {}
+        if finished:
+            with engine.connect() as connection:
+                rows = _rows_by_id(connection, queue, finished)
+            statuses = {job_id: row.status for job_id, row in rows.items()}
+    finally:
+        engine.dispose()
+    if args.json:
+        _print_json(
+            [
+                {"id": job_id, "outcome": outcomes[job_id]}
+                | ({"status": statuses[job_id]} if job_id in statuses else {})
+                for job_id in ids
+            ]
+        )
+    else:
+        for job_id in ids:
+            words = _CANCEL_WORDS[outcomes[job_id]].format(status=statuses.get(job_id, "?"))
+            say(f"job {job_id}: {words}")
+    found = set(outcomes.values())
+    if CancelOutcome.NOT_FOUND in found:
+        return EXIT_NOT_FOUND
+    if CancelOutcome.FINISHED in found:
+        return EXIT_FINISHED
+    return EXIT_OK
+
+
+# -- requeue --------------------------------------------------------------------------------
+
+
+def _requeue_outcome(
+    job_id: int, requeued: set[int], refused: dict[int, str], left: dict[int, JobRow]
+) -> dict[str, Any]:
+    """What became of one id: requeued, not_found, or left_alone with the reason."""
+    if job_id in requeued:
+        return {"id": job_id, "outcome": "requeued"}
+    if job_id not in left:
+        return {"id": job_id, "outcome": "not_found"}
+    row = left[job_id]
+    reason = refused.get(job_id) or (
+        f"it is {row.state}: only failed and cancelled jobs are requeued"
+    )
+    return {"id": job_id, "outcome": "left_alone", "status": row.status, "reason": reason}
+
+
+_REQUEUE_WORDS = {"requeued": "requeued", "not_found": "not_found (no job has this id)"}
+
+
+def run_requeue(args: argparse.Namespace) -> int:
+    """Run ``sqla-queue requeue APP ID...``; returns the exit status."""
+    queue, url = _target(args)
+    ids = list(dict.fromkeys(args.ids))
+    engine = _engine(url)
+    try:
+        with engine.begin() as connection:
+            report = queue.requeue(connection, ids)
+            requeued, refused = set(report), report.refused
+            left = _rows_by_id(connection, queue, [i for i in ids if i not in requeued])
+    finally:
+        engine.dispose()
+    outcomes = [_requeue_outcome(job_id, requeued, refused, left) for job_id in ids]
+    if args.json:
+        _print_json(outcomes)
+    else:
+        for entry in outcomes:
+            shown = _REQUEUE_WORDS.get(entry["outcome"]) or f"left alone ({entry['reason']})"
+            say(f"job {entry['id']}: {shown}")
+    found = {entry["outcome"] for entry in outcomes}
+    if "not_found" in found:
+        return EXIT_NOT_FOUND
+    return EXIT_FINISHED if "left_alone" in found else EXIT_OK
+
+
+# -- result ---------------------------------------------------------------------------------
+
+
+def _failure_detail(queue: Any, engine: Any, exc: JobFailedError) -> str:
+    """A failed job's error, its attempt and time of failure, and its traceback."""
+    with engine.connect() as connection:
+        row = _rows_by_id(connection, queue, [exc.job_id]).get(exc.job_id)
+    lines = [str(exc)]
+    if row is not None:
+        attempt = format_attempts(row.attempts, row.max_attempts)
+        lines.append(f"  attempt {attempt}, failed at {format_time(row.finished_at)}")
+    traceback = str((exc.error or {}).get("traceback") or "").rstrip()
+    if traceback:
+        lines.append(traceback)
+    return "\n".join(lines)
+
+
+def run_result(args: argparse.Namespace) -> int:
+    """Run ``sqla-queue result APP ID``; returns the exit status."""
+    queue, url = _target(args)
+    job_id = args.id
+    engine = _engine(url)
+    report: dict[str, Any] = {"id": job_id}
+    try:
+        value = queue.result(engine, job_id, timeout=args.timeout)
+    except JobFailedError as exc:
+        status, report["outcome"], report["error"] = EXIT_FAILED, "failed", exc.error
+        detail = str(exc) if args.json else _failure_detail(queue, engine, exc)
+    except JobCancelledError as exc:
+        status, report["outcome"], detail = EXIT_CANCELLED, "cancelled", str(exc)
+    except ResultTimeoutError as exc:
+        status, report["outcome"], detail = EXIT_TIMEOUT, "timeout", str(exc)
+    except JobNotFoundError as exc:
+        status, report["outcome"], detail = EXIT_NOT_FOUND, "not_found", str(exc)
+    except KeyboardInterrupt:
+        say(f"sqla-queue: interrupted while waiting for job {job_id}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    else:
+        if args.json:
+            _print_json({"id": job_id, "outcome": "succeeded", "result": value})
+        else:
+            print(json_text(value, indent=None))
+        return EXIT_OK
+    finally:
+        engine.dispose()
+    if args.json:
+        report["message"] = detail.splitlines()[0]
+        _print_json(report)
+    else:
+        say(f"sqla-queue: {detail}", file=sys.stderr)
+    return status
+
+
+# -- prune ----------------------------------------------------------------------------------
+
+
+def run_prune(args: argparse.Namespace) -> int:
+    """Run ``sqla-queue prune APP --older-than AGE``; returns the exit status."""
+    queue, url = _target(args)
+    engine = _engine(url)
+    try:
+        with engine.begin() as connection:
+            if args.detach:
+                from sqla_queue.history import prune_history
+
+                try:
+                    report = prune_history(
+                        connection,
+                        queue.tables,
+                        older_than=args.older_than,
+                        include_failed=args.include_failed,
+                        detach=True,
+                    )
+                except ValueError as exc:  # --detach on a plain history: nothing was done
+                    raise CliError(str(exc)) from None
+                count = report.jobs
+                say(f"detached {len(report.partitions)} partition(s): {list(report.partitions)}")
+            else:
+                count = queue.prune(
+                    connection, older_than=args.older_than, include_failed=args.include_failed
+                )
+    finally:
+        engine.dispose()
+    say(f"pruned {count} finished job(s) older than {format_duration(args.older_than)}")
+    return EXIT_OK
