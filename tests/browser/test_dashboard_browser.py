@@ -132,7 +132,10 @@ def _fits_and_shot(driver: Any, shots: Path, name: str, height: int) -> None:
         scroll, client = driver.execute_script(
             "var e = document.documentElement; return [e.scrollWidth, e.clientWidth];"
         )
-        assert scroll <= client, f"{name} scrolls sideways at {width} px: {scroll} > {client}"
+        beyond = driver.execute_script(_BEYOND_THE_RIGHT_EDGE) if scroll > client else []
+        assert scroll <= client, (
+            f"{name} scrolls sideways at {width} px: {scroll} > {client}; beyond the edge: {beyond}"
+        )
         beyond = driver.execute_script(_BEYOND_THE_RIGHT_EDGE)
         assert not beyond, f"{name} at {width} px: cut off on the right: {beyond}"
         targets = [shots / f"dashboard-{name}-{width}.png"]

@@ -46,6 +46,7 @@ import argparse
 import contextlib
 import datetime as dt
 import faulthandler
+import functools
 import ipaddress
 import json
 import logging
@@ -527,10 +528,15 @@ def _db_now(admin: Connection) -> dt.datetime:
     return now
 
 
-def _settle(admin: Connection, address: str, timeout: float = 2.0) -> None:
-    """Wait (boundedly) until no server session of ``address`` is running a statement,
-    twice in a row: what the host sent before its link went down has been processed, so
-    the cut's time read next is after everything the host could still do."""
+def _settle(
+    admin: Connection, address: str, unread: Callable[[], int], timeout: float = 10.0
+) -> None:
+    """Wait (boundedly) until no server session of ``address`` is running a statement and
+    the server's sockets hold no unread byte of it, twice in a row: what the host sent
+    before its link went down has been processed, so the cut's time read next is after
+    everything the host could still do. (Sessions alone are not enough: on a loaded
+    machine a backend not yet scheduled looks idle while the host's last pipeline waits
+    in its socket, and it runs that pipeline after the cut's time was read.)"""
     quiet = 0
     deadline = time.monotonic() + timeout
     while quiet < 2 and time.monotonic() < deadline:
@@ -541,7 +547,7 @@ def _settle(admin: Connection, address: str, timeout: float = 2.0) -> None:
             ),
             {"address": address},
         ).scalar_one()
-        quiet = quiet + 1 if busy == 0 else 0
+        quiet = quiet + 1 if busy == 0 and unread() == 0 else 0
         time.sleep(0.05)
 
 
@@ -770,7 +776,7 @@ def _drive(
             )
             topology.cut(cut_host)
             down_since = time.monotonic()
-            _settle(admin, cut_host.address)
+            _settle(admin, cut_host.address, functools.partial(topology.unread_bytes, cut_host))
             run.cut = Cut(cut_host.name, cut_host.address, ids, done, _db_now(admin))
             note(f"link of {cut_host.name} down at {done}/{run.total} ({len(ids)} workers known)")
         elif cut is not None and cut.up_at is None:

@@ -318,6 +318,23 @@ class Topology:
         """Take ``host``'s link down: it can reach nothing until :meth:`restore`."""
         _ip("-n", host.namespace, "link", "set", host.link, "down")
 
+    def unread_bytes(self, host: Host) -> int:
+        """Bytes from ``host`` that the server's sockets hold and no backend has read yet.
+
+        A backend that the scheduler has not run since the host's last packet arrived
+        looks idle in ``pg_stat_activity`` while that packet waits in its socket: only the
+        socket's receive queue tells.
+        """
+        listed = subprocess.run(
+            [*self.db_wrapper, "ss", "-Htn", "dst", host.address],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout
+        # Columns: State Recv-Q Send-Q Local:Port Peer:Port
+        return sum(int(line.split()[1]) for line in listed.splitlines() if line.strip())
+
     def restore(self, host: Host) -> None:
         """Bring ``host``'s link back up (its address and route come back with it)."""
         _ip("-n", host.namespace, "link", "set", host.link, "up")
