@@ -106,19 +106,16 @@ def started_elsewhere(tables: QueueTables, queue_id: Any, other_than: Any = None
     conditions = [
         s.c.queue_id == queue_id,
         or_(s.c.state == PENDING, s.c.state == RUNNING),
-        # "Has a lease", written so that the planner cannot read its selectivity from
-        # the column's statistics: with most rows never claimed, they would make the
-        # match look rare, and the enqueue (outside the worker's planner guard) would
-        # then prefer a bitmap scan of the key's rows, which reads them all, to the
-        # ordered walk of queue_active_ix that stops at the first match.
-        func.coalesce(s.c.lease_seconds, -1.0) >= 0,
+        s.c.lease_seconds.is_not(None),
     ]
     if other_than is not None:
         conditions.append(s.c.id != other_than)
     # A scalar probe, not EXISTS: the planner may run an EXISTS as one hash of every
     # started row of the table, built by a scan of it. Ordered as queue_active_ix is, so
-    # that the planner walks that index and stops at the first match: a bitmap scan
-    # cannot stop early, and one of queue_ix would read the key's waiting backlog.
+    # that an index walk can stop at the first match. Outside the worker's planner guard
+    # (the enqueue) the planner may prefer a bitmap scan of queue_active_ix for the key
+    # instead: it reads the key's pending and running rows, as the walk does when none
+    # has started, and never its waiting backlog.
     first = (
         select(s.c.id)
         .where(*conditions)

@@ -56,7 +56,7 @@ WHERE p.queue_id = e.queue_id AND (p.state = 'pending' OR p.state = 'running') A
 FROM app.q_job_executions AS w_before 
 WHERE w_before.queue_id = e.queue_id AND w_before.state = 'waiting' AND (w_before.execute_at, w_before.id) < (e.execute_at, e.id))) AND (SELECT started.id 
 FROM app.q_job_executions AS started 
-WHERE started.queue_id = e.queue_id AND (started.state = 'pending' OR started.state = 'running') AND coalesce(started.lease_seconds, %(coalesce_1)s) >= %(coalesce_2)s::INTEGER AND started.id != e.id ORDER BY started.execute_at, started.id 
+WHERE started.queue_id = e.queue_id AND (started.state = 'pending' OR started.state = 'running') AND started.lease_seconds IS NOT NULL AND started.id != e.id ORDER BY started.execute_at, started.id 
  LIMIT 1) IS NULL)) ORDER BY e.execute_at, e.id 
  LIMIT CASE WHEN (room.task IS NULL) THEN __[POSTCOMPILE_batch] ELSE (SELECT count(*) AS count_1 
 FROM seats 
@@ -72,7 +72,7 @@ WHERE p.queue_id = g.queue_id AND (p.state = 'pending' OR p.state = 'running') A
 FROM app.q_job_executions AS w_before 
 WHERE w_before.queue_id = g.queue_id AND w_before.state = 'waiting' AND (w_before.execute_at, w_before.id) < (g.execute_at, g.id))) AND (SELECT started.id 
 FROM app.q_job_executions AS started 
-WHERE started.queue_id = g.queue_id AND (started.state = 'pending' OR started.state = 'running') AND coalesce(started.lease_seconds, %(coalesce_3)s) >= %(coalesce_4)s::INTEGER AND started.id != g.id ORDER BY started.execute_at, started.id 
+WHERE started.queue_id = g.queue_id AND (started.state = 'pending' OR started.state = 'running') AND started.lease_seconds IS NOT NULL AND started.id != g.id ORDER BY started.execute_at, started.id 
  LIMIT 1) IS NULL)) ORDER BY g.priority DESC, g.execute_at, g.id 
  LIMIT __[POSTCOMPILE_batch] FOR NO KEY UPDATE OF g SKIP LOCKED) AS seated ON true) AS both_ ORDER BY both_.priority DESC, both_.execute_at, both_.id 
  LIMIT __[POSTCOMPILE_batch]), 

@@ -8,7 +8,7 @@ WHERE new_jobs.queue_id IS NOT NULL),
 ahead AS 
 (SELECT keys.queue_id AS queue_id, head.execute_at AS head_at, backlog.execute_at IS NOT NULL AS has_waiting, (SELECT started.id 
 FROM app.q_job_executions AS started 
-WHERE started.queue_id = keys.queue_id AND (started.state = 'pending' OR started.state = 'running') AND coalesce(started.lease_seconds, %(coalesce_3)s) >= %(coalesce_4)s::INTEGER ORDER BY started.execute_at, started.id 
+WHERE started.queue_id = keys.queue_id AND (started.state = 'pending' OR started.state = 'running') AND started.lease_seconds IS NOT NULL ORDER BY started.execute_at, started.id 
  LIMIT 1) IS NOT NULL AS started 
 FROM keys LEFT OUTER JOIN LATERAL (SELECT h.execute_at AS execute_at 
 FROM app.q_job_executions AS h 

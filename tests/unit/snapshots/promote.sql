@@ -7,7 +7,7 @@ WHERE NOT (EXISTS (SELECT *
 FROM app.q_job_executions AS a 
 WHERE a.queue_id = first_waiting.queue_id AND (a.state = 'pending' OR a.state = 'running') AND (a.execute_at, a.id) < (first_waiting.execute_at, first_waiting.id))) AND (SELECT started.id 
 FROM app.q_job_executions AS started 
-WHERE started.queue_id = first_waiting.queue_id AND (started.state = 'pending' OR started.state = 'running') AND coalesce(started.lease_seconds, %(coalesce_1)s) >= %(coalesce_2)s::INTEGER ORDER BY started.execute_at, started.id 
+WHERE started.queue_id = first_waiting.queue_id AND (started.state = 'pending' OR started.state = 'running') AND started.lease_seconds IS NOT NULL ORDER BY started.execute_at, started.id 
  LIMIT 1) IS NULL AND NOT (EXISTS (SELECT * 
 FROM app.q_job_executions AS d 
 WHERE d.queue_id = first_waiting.queue_id AND d.state = 'done'))) AND app.q_job_executions.state = 'waiting' RETURNING app.q_job_executions.id

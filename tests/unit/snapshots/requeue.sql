@@ -7,7 +7,7 @@ WHERE revived.queue_id IS NOT NULL),
 ahead AS 
 (SELECT keys.queue_id AS queue_id, head.execute_at AS head_at, backlog.execute_at IS NOT NULL AS has_waiting, (SELECT started.id 
 FROM app.q_job_executions AS started 
-WHERE started.queue_id = keys.queue_id AND (started.state = 'pending' OR started.state = 'running') AND coalesce(started.lease_seconds, %(coalesce_1)s) >= %(coalesce_2)s::INTEGER ORDER BY started.execute_at, started.id 
+WHERE started.queue_id = keys.queue_id AND (started.state = 'pending' OR started.state = 'running') AND started.lease_seconds IS NOT NULL ORDER BY started.execute_at, started.id 
  LIMIT 1) IS NOT NULL AS started 
 FROM keys LEFT OUTER JOIN LATERAL (SELECT h.execute_at AS execute_at 
 FROM app.q_job_executions AS h 
