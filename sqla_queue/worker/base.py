@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from sqla_queue._sqlstate import is_unique_violation_of
+from sqla_queue._sqlstate import is_unique_violation_of, sqlstate_of
 from sqla_queue.core.outcomes import ClaimedJob
 from sqla_queue.instrumentation import combine_observers
 from sqla_queue.models.tables import HistoryLayout
@@ -230,7 +230,13 @@ class WorkerBase:
         the server has meanwhile closed, a restart): a schema that does not match stays
         an error at once.
         """
-        lost = bool(getattr(exc, "connection_invalidated", False))
+        # A server that ended the connection as it was made (an operator's
+        # pg_terminate_backend, a restart: SQLSTATE class 57P or 08) is a lost connection
+        # too, though no Connection existed yet to be invalidated.
+        state = sqlstate_of(exc) or ""
+        lost = bool(getattr(exc, "connection_invalidated", False)) or state.startswith(
+            ("57P", "08")
+        )
         if not lost or attempt >= VERIFY_ATTEMPTS:
             return None
         log.warning("schema check lost its connection (%s); trying again", exc)
