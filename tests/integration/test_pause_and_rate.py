@@ -26,7 +26,7 @@ from sqla_queue.controls import RateLimit
 from sqla_queue.statements.controls import rate_lock_statement
 from tests.support.app import ExecutionLog, noop, queue, record, sleepy
 from tests.support.limited import limited1
-from tests.support.running import wait_for, worker_thread
+from tests.support.running import states, wait_for, worker_thread
 
 pytestmark = pytest.mark.integration
 
@@ -41,16 +41,6 @@ FAST = {"reclaim_interval": 0.2, "poll_interval": 0.1, "install_signal_handlers"
 def enqueue_noops(SessionLocal: sessionmaker[Session], n: int) -> list[int]:
     with SessionLocal.begin() as session:
         return [noop.enqueue(session) for _ in range(n)]
-
-
-def states(SessionLocal: sessionmaker[Session], ids: list[int]) -> dict[str, int]:
-    with SessionLocal() as session:
-        rows = session.execute(
-            select(queue.Job.status, func.count())
-            .where(queue.Job.id.in_(ids))
-            .group_by(queue.Job.status)
-        ).all()
-    return {str(status): int(count) for status, count in rows}
 
 
 def start_times(engine: Engine, task: str) -> list[float]:

@@ -30,7 +30,7 @@ from sqla_queue import JobContext, Queue
 from sqla_queue.core.outcomes import ClaimedJob, OutcomeKind
 from sqla_queue.instrumentation import NoOpObserver
 from tests.support.app import noop, queue
-from tests.support.running import wait_for, worker_thread
+from tests.support.running import states, wait_for, worker_thread
 
 pytestmark = pytest.mark.integration
 
@@ -41,16 +41,6 @@ FAST: dict[str, Any] = {
     "poll_interval": 0.1,
     "install_signal_handlers": False,
 }
-
-
-def states(SessionLocal: sessionmaker[Session], ids: list[int]) -> dict[str, int]:
-    with SessionLocal() as session:
-        rows = session.execute(
-            select(queue.Job.status, func.count())
-            .where(queue.Job.id.in_(ids))
-            .group_by(queue.Job.status)
-        ).all()
-    return {str(status): int(count) for status, count in rows}
 
 
 def enqueue_noops(SessionLocal: sessionmaker[Session], n: int, **options: Any) -> list[int]:

@@ -10,7 +10,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
 from sqla_queue import RunStats
+from tests.support.app import queue
 
 
 @contextmanager
@@ -61,10 +65,6 @@ def pretend_claimed(
     Returns the worker id, a fresh one unless given. Lets a test stage a dead, slow or
     pre-upgrade worker without running one.
     """
-    from sqlalchemy import func, update
-
-    from tests.support.app import queue
-
     owner = worker or uuid.uuid4()
     ex = queue.tables.executions
     connection.execute(
@@ -79,3 +79,13 @@ def pretend_claimed(
         )
     )
     return owner
+
+
+def states(SessionLocal: sessionmaker[Session], ids: list[int]) -> dict[str, int]:
+    """How many of the jobs ``ids`` are in each status, by status name."""
+    jobs = queue.tables.jobs
+    with SessionLocal() as session:
+        rows = session.execute(
+            select(jobs.c.status, func.count()).where(jobs.c.id.in_(ids)).group_by(jobs.c.status)
+        ).all()
+    return {str(status): int(count) for status, count in rows}
