@@ -165,6 +165,9 @@ class ChaosConfig:
     jobs: int = 10_000
     workers: int = 4
     concurrency: int = 10
+    #: The worker's own pool (``--pool-size``): with ``concurrency`` handler connections and
+    #: the LISTEN one, a worker holds at most ``concurrency + pool_size + 1`` connections.
+    pool_size: int = 3
     kill_every: float = 2.0
     terminations: int = 2
     pause: float = 0.05
@@ -449,6 +452,8 @@ def run_chaos(
                 tasks,
                 "--concurrency",
                 str(config.concurrency),
+                "--pool-size",
+                str(config.pool_size),
                 "--poll-interval",
                 str(config.poll_interval),
             ],
