@@ -48,7 +48,7 @@ from bench.common import (
 )
 from bench.drain import drain_once
 from bench.latency import LatencyConfig, latency_once
-from sqla_queue.core.outcomes import Outcome, OutcomeKind
+from sqla_queue.logic.outcomes import Outcome, OutcomeKind
 from sqla_queue.worker.core import WorkerCore
 from sqla_queue.worker.settings import WorkerSettings
 

@@ -9,8 +9,6 @@
 
 from sqla_queue.admin import RequeueReport
 from sqla_queue.controls import RateLimit, TaskControl
-from sqla_queue.core.backoff import RetryPolicy
-from sqla_queue.core.outcomes import Reschedule, Retry
 from sqla_queue.daemons import DaemonBackoff, DaemonContext, DaemonStatus
 from sqla_queue.errors import (
     CancelBlockedError,
@@ -30,6 +28,8 @@ from sqla_queue.errors import (
     UnknownTaskError,
     WorkerStoppedError,
 )
+from sqla_queue.logic.backoff import RetryPolicy
+from sqla_queue.logic.outcomes import Reschedule, Retry
 from sqla_queue.models import SCHEMA_VERSION, Job, JobExecution, JobStatus
 from sqla_queue.periodic import Schedule, ScheduleState
 from sqla_queue.queue import Queue

@@ -30,8 +30,8 @@ from sqlalchemy.orm import Session
 
 from sqla_queue._binds import AnyBind, Flow, run_flow, scalars_each, tables_for
 from sqla_queue._sqlstate import INSUFFICIENT_PRIVILEGE, sqlstate_of
-from sqla_queue.core.payload import encode_json
 from sqla_queue.errors import InsufficientPrivilegeError
+from sqla_queue.logic.payload import encode_json
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.schema.manifest import ADMIN_LIMIT_PRIVILEGES, RequiredPrivilege
 from sqla_queue.schema.verify import GRANTS_GUIDE, grant_statements

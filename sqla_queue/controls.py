@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from sqla_queue._sqlstate import INSUFFICIENT_PRIVILEGE, sqlstate_of
 from sqla_queue.admin import operator_write_refused
-from sqla_queue.core.times import check_seconds
+from sqla_queue.logic.times import check_seconds
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.spec import INT4_MAX
 from sqla_queue.statements.controls import (

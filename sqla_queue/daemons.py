@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqla_queue._identifiers import validate_task_name
-from sqla_queue.core.times import MAX_LOST_INTERVAL, check_seconds
+from sqla_queue.logic.times import MAX_LOST_INTERVAL, check_seconds
 
 __all__ = [
     "MAX_INSTANCES",

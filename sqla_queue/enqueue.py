@@ -44,18 +44,18 @@ from sqla_queue._binds import (
     scalars_each,
 )
 from sqla_queue._identifiers import validate_task_name
-from sqla_queue.core.payload import (
-    check_storable,
-    encode_json,
-    make_payload,
-    shape_suspect,
-    text_suspect,
-)
 from sqla_queue.errors import (
     IsolationLevelError,
     PayloadNotSerializableError,
     QueueFull,
     UnknownTaskError,
+)
+from sqla_queue.logic.payload import (
+    check_storable,
+    encode_json,
+    make_payload,
+    shape_suspect,
+    text_suspect,
 )
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.spec import EnqueueOptions, JobSpec
@@ -252,7 +252,7 @@ def _dump_chunk(rows: list[EnqueueRow]) -> str:
     """The JSON text of ``rows``, or :class:`~sqla_queue.PayloadNotSerializableError`.
 
     Each row's payload must be storable as PostgreSQL ``jsonb`` (see
-    :mod:`sqla_queue.core.payload`). The encoder refuses non-JSON types and NaN itself; the
+    :mod:`sqla_queue.logic.payload`). The encoder refuses non-JSON types and NaN itself; the
     rest (NUL, lone surrogates, non-string keys, depth) is proven absent from the encoded
     text in a few C-speed scans, discounting the rows' own structure (per row the row,
     payload and kwargs objects and the args array, plus the enclosing array), and only a

@@ -10,7 +10,7 @@ integrations shipped with the library implement it:
 
 The enqueue side has no observer: enqueues run in the application's own code, not in a
 worker. Integrations hear them through the payload hook of
-:func:`sqla_queue.core.payload.add_payload_hook`, which can also add a trace context to the
+:func:`sqla_queue.logic.payload.add_payload_hook`, which can also add a trace context to the
 job's payload.
 
 Guarantees to an observer:
@@ -30,7 +30,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
-from sqla_queue.core.outcomes import ClaimedJob, OutcomeKind
+from sqla_queue.logic.outcomes import ClaimedJob, OutcomeKind
 
 __all__ = [
     "CompositeObserver",
@@ -68,7 +68,7 @@ class WorkerObserver(Protocol):
         ``duration`` is the handler's run in seconds, including a transactional task's
         commit. ``error`` is the exception the handler raised, if any (a ``Retry``, a
         ``Reschedule`` raised rather than returned, any failure). ``outcome`` is
-        :attr:`~sqla_queue.core.outcomes.OutcomeKind.RELEASE` when the worker's shutdown
+        :attr:`~sqla_queue.logic.outcomes.OutcomeKind.RELEASE` when the worker's shutdown
         cancelled an ``async def`` handler and handed its job back.
         """
 

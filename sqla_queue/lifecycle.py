@@ -34,7 +34,6 @@ from sqla_queue._binds import (
 from sqla_queue._durations import format_duration
 from sqla_queue._sqlstate import LOCK_NOT_AVAILABLE, SERIALIZATION_FAILURE, sqlstate_of
 from sqla_queue.admin import check_job_ids
-from sqla_queue.core.times import check_delay
 from sqla_queue.errors import (
     CancelBlockedError,
     JobCancelledError,
@@ -42,6 +41,7 @@ from sqla_queue.errors import (
     JobNotFoundError,
     ResultTimeoutError,
 )
+from sqla_queue.logic.times import check_delay
 from sqla_queue.models.tables import JobStatus, QueueTables
 from sqla_queue.statements.lifecycle import (
     CancelOutcome,

@@ -21,7 +21,7 @@ from sqlalchemy import ColumnElement, Table, Text, and_, cast, inspect, literal
 from sqlalchemy.exc import NoInspectionAvailable
 from sqlalchemy.orm import Mapper, Relationship, foreign, relationship, remote
 
-from sqla_queue.core.payload import text_problem
+from sqla_queue.logic.payload import text_problem
 
 __all__ = [
     "MAX_ABOUT_BYTES",

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from sqla_queue.admin import BIGINT_MAX, check_job_ids
-from sqla_queue.core.payload import text_problem
+from sqla_queue.logic.payload import text_problem
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements.listing import JOB_STATES, JobListingParams, job_listing_statement
 

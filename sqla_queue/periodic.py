@@ -32,8 +32,8 @@ from cronsim import CronSim, CronSimError
 
 from sqla_queue._durations import format_duration
 from sqla_queue._identifiers import validate_task_name
-from sqla_queue.core.payload import check_storable, make_payload
 from sqla_queue.errors import InvalidIdentifierError
+from sqla_queue.logic.payload import check_storable, make_payload
 
 if TYPE_CHECKING:
     from sqla_queue.task import Task

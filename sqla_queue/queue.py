@@ -23,9 +23,9 @@ from sqla_queue.controls import (
     set_rate_limit,
     stored_controls,
 )
-from sqla_queue.core.backoff import RetryPolicy
 from sqla_queue.enqueue import Enqueuer, KnownTasks, TaskDefaults
 from sqla_queue.errors import TaskAlreadyRegisteredError, UnknownTaskError
+from sqla_queue.logic.backoff import RetryPolicy
 from sqla_queue.models import DEFAULT_PREFIX, Job, JobExecution, build_tables, map_classes
 from sqla_queue.models.tables import HistoryLayout
 from sqla_queue.spec import (

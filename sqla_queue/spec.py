@@ -23,10 +23,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict, Unpack
 
-from sqla_queue.core.payload import text_problem
-from sqla_queue.core.times import check_delay, check_due_time, check_seconds
 from sqla_queue.errors import PayloadNotSerializableError
 from sqla_queue.links import AboutRef, about_reference
+from sqla_queue.logic.payload import text_problem
+from sqla_queue.logic.times import check_delay, check_due_time, check_seconds
 
 __all__ = [
     "INT4_MAX",

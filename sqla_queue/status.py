@@ -44,7 +44,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from sqla_queue.core.times import check_seconds
+from sqla_queue.logic.times import check_seconds
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.spec import INT8_MAX, check_whole_number
 from sqla_queue.statements.planner import planner_guard

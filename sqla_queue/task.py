@@ -11,9 +11,9 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from sqla_queue.core.backoff import RetryPolicy
-from sqla_queue.core.times import MAX_LOST_INTERVAL, check_seconds
 from sqla_queue.enqueue import Enqueuer
+from sqla_queue.logic.backoff import RetryPolicy
+from sqla_queue.logic.times import MAX_LOST_INTERVAL, check_seconds
 from sqla_queue.spec import (
     INT4_MIN,
     OPTION_NAMES,

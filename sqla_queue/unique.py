@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqla_queue._binds import Flow
-from sqla_queue.core.payload import check_storable, encode_json, make_payload
 from sqla_queue.errors import DuplicateJobError
+from sqla_queue.logic.payload import check_storable, encode_json, make_payload
 from sqla_queue.models.tables import QueueTables, UniqueScope
 from sqla_queue.spec import EnqueueOptions, JobSpec
 from sqla_queue.statements.enqueue import EnqueueParams

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from sqla_queue.admin import BIGINT_MAX
-from sqla_queue.core.payload import text_problem
+from sqla_queue.logic.payload import text_problem
 
 __all__ = [
     "RequestRefused",

@@ -19,7 +19,6 @@ from sqlalchemy import DateTime, Double, bindparam, text
 from sqlalchemy.sql import Executable
 
 from sqla_queue._binds import Flow
-from sqla_queue.core.times import EARLIEST_DUE
 from sqla_queue.history.layout import (
     HistoryNames,
     floor_to_interval,
@@ -27,6 +26,7 @@ from sqla_queue.history.layout import (
     parse_interval_comment,
     partition_name,
 )
+from sqla_queue.logic.times import EARLIEST_DUE
 from sqla_queue.models.tables import QueueTables
 
 __all__ = [

@@ -41,8 +41,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, func, select
 
-from sqla_queue.core.outcomes import ClaimedJob, OutcomeKind
-from sqla_queue.core.payload import add_payload_hook, remove_payload_hook
+from sqla_queue.logic.outcomes import ClaimedJob, OutcomeKind
+from sqla_queue.logic.payload import add_payload_hook, remove_payload_hook
 from sqla_queue.metrics.stats import DEFAULT_CAP, QueueStatsParams, queue_stats_statement
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements.planner import planner_guard
@@ -220,7 +220,7 @@ class PrometheusMetrics:
 
     def payload_hook(self, task: str | None) -> None:
         """Count a payload made for ``task`` as an enqueue (see
-        :func:`~sqla_queue.core.payload.add_payload_hook`); adds nothing to the payload.
+        :func:`~sqla_queue.logic.payload.add_payload_hook`); adds nothing to the payload.
 
         Payloads made without a task name (an argument check) are not counted.
         """

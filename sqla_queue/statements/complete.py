@@ -36,7 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from sqla_queue.core.outcomes import OutcomeKind
+from sqla_queue.logic.outcomes import OutcomeKind
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements._common import (
     CANCELLED,
@@ -58,13 +58,13 @@ __all__ = ["OUTCOME_COLUMNS", "CompleteParams", "complete_statement"]
 class CompleteParams(TypedDict):
     """Parameters of the completion."""
 
-    #: JSON array of :class:`~sqla_queue.core.outcomes.OutcomeRow` objects.
+    #: JSON array of :class:`~sqla_queue.logic.outcomes.OutcomeRow` objects.
     outcomes: str
     worker: uuid.UUID
 
 
 #: The columns read from each ``outcomes`` element, with their SQL types: the keys of
-#: :class:`~sqla_queue.core.outcomes.OutcomeRow`, in order.
+#: :class:`~sqla_queue.logic.outcomes.OutcomeRow`, in order.
 OUTCOME_COLUMNS = (
     column("id", BigInteger),
     column("attempt", Integer),

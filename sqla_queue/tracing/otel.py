@@ -33,8 +33,8 @@ from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, TracerProvider
 
-from sqla_queue.core.outcomes import ClaimedJob, OutcomeKind
-from sqla_queue.core.payload import add_payload_hook, payload_extras, remove_payload_hook
+from sqla_queue.logic.outcomes import ClaimedJob, OutcomeKind
+from sqla_queue.logic.payload import add_payload_hook, payload_extras, remove_payload_hook
 
 __all__ = [
     "ATTEMPT",
@@ -97,7 +97,7 @@ class Tracing:
 
     def payload_hook(self, task: str | None) -> dict[str, str] | None:
         """The trace fields to store in a new job's payload (see
-        :func:`~sqla_queue.core.payload.add_payload_hook`).
+        :func:`~sqla_queue.logic.payload.add_payload_hook`).
 
         With a task name, a ``create`` span is made for the job (ended at once: enqueue
         is the caller's transaction, which this span does not wait for) and its context

@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import Engine
 
 from sqla_queue._sqlstate import is_unique_violation_of, sqlstate_of
-from sqla_queue.core.outcomes import ClaimedJob
 from sqla_queue.instrumentation import combine_observers
+from sqla_queue.logic.outcomes import ClaimedJob
 from sqla_queue.models.tables import HistoryLayout
 from sqla_queue.worker.background import Heartbeater, Listener, listen_connector
 from sqla_queue.worker.context import JobContext

@@ -18,7 +18,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sqla_queue import statements
-from sqla_queue.core.outcomes import (
+from sqla_queue.errors import UnknownTaskError, WorkerStoppedError
+from sqla_queue.instrumentation import job_log_fields, notify_lost
+from sqla_queue.logic.outcomes import (
     ClaimedJob,
     Outcome,
     OutcomeKind,
@@ -27,9 +29,7 @@ from sqla_queue.core.outcomes import (
     outcome_unwritable,
     outcomes_json,
 )
-from sqla_queue.core.payload import decode_arguments
-from sqla_queue.errors import UnknownTaskError, WorkerStoppedError
-from sqla_queue.instrumentation import job_log_fields, notify_lost
+from sqla_queue.logic.payload import decode_arguments
 from sqla_queue.statements.claim import LimitedClaimParams, LimitedRatedClaimParams
 from sqla_queue.statements.complete import CompleteParams
 from sqla_queue.statements.controls import (

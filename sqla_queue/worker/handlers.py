@@ -2,7 +2,7 @@
 
 Both faces use these. A :class:`HandlerRunner` calls a handler with the arguments the core
 decoded at claim time, turns its return value or exception into an
-:class:`~sqla_queue.core.outcomes.Outcome` (encoded here, once, off the run loop), and
+:class:`~sqla_queue.logic.outcomes.Outcome` (encoded here, once, off the run loop), and
 hands that to the core in one call. Handler threads are daemons on purpose: after
 ``shutdown_timeout`` a stuck handler must not keep the process alive; its job has been
 handed back already.
@@ -29,7 +29,8 @@ from sqlalchemy.exc import PendingRollbackError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from sqla_queue._sqlstate import sqlstate_of
-from sqla_queue.core.outcomes import (
+from sqla_queue.instrumentation import WorkerObserver, combine_observers, job_log_fields
+from sqla_queue.logic.outcomes import (
     ClaimedJob,
     InvalidOutcomeError,
     Outcome,
@@ -42,7 +43,6 @@ from sqla_queue.core.outcomes import (
     plain_error_entry,
     sanitize_text,
 )
-from sqla_queue.instrumentation import WorkerObserver, combine_observers, job_log_fields
 from sqla_queue.worker.context import JobContext
 from sqla_queue.worker.failures import database_message
 from sqla_queue.worker.plan import TaskRuntime, WorkerPlan
@@ -214,7 +214,7 @@ class HandlerRunner:
 
     Nothing a handler returns or raises escapes: each call ends in one recorded outcome,
     built here and encoded once. An outcome that cannot be stored as it is (see
-    :func:`~sqla_queue.core.outcomes.check_outcome`) becomes a failed attempt that names
+    :func:`~sqla_queue.logic.outcomes.check_outcome`) becomes a failed attempt that names
     the reason, and the task's retry policy and ``max_attempts`` apply to it as to any
     failure. ``clock`` stamps error entries; ``worker_id`` names the worker in them.
     ``stop`` is called (after the outcome is recorded) when a handler raised
@@ -667,7 +667,7 @@ def _plain_failure(
     except Exception:
         error = plain_error_entry(
             job.attempt,
-            "sqla_queue.core.outcomes.InvalidOutcomeError",
+            "sqla_queue.logic.outcomes.InvalidOutcomeError",
             "the outcome of this attempt could not be built or stored",
             worker_id,
             now,

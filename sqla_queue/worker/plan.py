@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqla_queue.core.backoff import RetryPolicy
-from sqla_queue.core.times import MAX_LOST_INTERVAL, check_seconds
+from sqla_queue.logic.backoff import RetryPolicy
+from sqla_queue.logic.times import MAX_LOST_INTERVAL, check_seconds
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.spec import check_whole_number
 

@@ -614,7 +614,7 @@ def test_bad_input_is_refused_by_name_and_changes_nothing(
 # PostgreSQL accepts session offsets up to 167:59 hours (POSIX "<X>-167:59" is UTC+167:59).
 @pytest.mark.parametrize("zone", ["Etc/GMT-14", "Etc/GMT+12", "<X>-167:59", "<Y>+167:59"])
 def test_due_times_at_the_bounds_load_in_every_time_zone(engine: Engine, zone: str) -> None:
-    from sqla_queue.core.times import EARLIEST_DUE, LATEST_DUE, MAX_DELAY
+    from sqla_queue.logic.times import EARLIEST_DUE, LATEST_DUE, MAX_DELAY
 
     latest = LATEST_DUE - dt.timedelta(microseconds=1)
     with Session(engine) as session, session.begin():
@@ -636,7 +636,7 @@ def test_due_times_at_the_bounds_load_in_every_time_zone(engine: Engine, zone: s
 
 
 def test_values_near_the_rules_are_accepted_unchanged(engine: Engine) -> None:
-    from sqla_queue.core.payload import MAX_DEPTH
+    from sqla_queue.logic.payload import MAX_DEPTH
 
     values: list[Any] = [
         "emoji \U0001f600 and accents é",

@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue import CancelOutcome, RunStats, statements
-from sqla_queue.core.outcomes import OutcomeKind
+from sqla_queue.logic.outcomes import OutcomeKind
 from sqla_queue.statements.lifecycle import cancel_statement
 from tests.support.app import (
     ExecutionLog,

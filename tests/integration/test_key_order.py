@@ -26,7 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue import statements
-from sqla_queue.core.outcomes import Outcome, OutcomeKind
+from sqla_queue.logic.outcomes import Outcome, OutcomeKind
 from tests.support.app import ExecutionLog, keyed, queue
 from tests.support.running import wait_for, worker_thread
 

@@ -21,7 +21,7 @@ from sqlalchemy import Engine, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
-from sqla_queue.core.payload import add_payload_hook
+from sqla_queue.logic.payload import add_payload_hook
 from sqla_queue.metrics.prometheus import PrometheusMetrics, start_metrics_server
 from tests.support import observability_app as app
 from tests.support.running import wait_for, worker_thread

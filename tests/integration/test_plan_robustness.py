@@ -27,8 +27,8 @@ from sqlalchemy import Connection, Engine, create_engine, insert, text
 from sqlalchemy.dialects import postgresql
 
 from sqla_queue import statements
-from sqla_queue.core.outcomes import Outcome, OutcomeKind
 from sqla_queue.enqueue import prepare_rows
+from sqla_queue.logic.outcomes import Outcome, OutcomeKind
 from sqla_queue.statements.controls import rate_lock_statement
 from sqla_queue.testing.databases import DatabaseFactory
 from sqla_queue.worker.raw import RawStatements

@@ -32,7 +32,7 @@ from sqla_queue import (
     JobNotFoundError,
     ResultTimeoutError,
 )
-from sqla_queue.core.outcomes import OutcomeKind
+from sqla_queue.logic.outcomes import OutcomeKind
 from tests.support.app import boom, echo, gate, gated, queue, reset_gates
 from tests.support.lifecycle import JOBS, claim, complete, job_row
 from tests.support.running import pretend_claimed, wait_for, worker_thread

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue import DuplicateJobError
-from sqla_queue.core.outcomes import OutcomeKind
+from sqla_queue.logic.outcomes import OutcomeKind
 from tests.support.app import echo, gate, gated, gated_async, queue, reset_gates
 from tests.support.lifecycle import (
     JOBS,

@@ -27,8 +27,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_asyn
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from sqla_queue import JobContext, Queue
-from sqla_queue.core.outcomes import ClaimedJob, OutcomeKind
 from sqla_queue.instrumentation import NoOpObserver
+from sqla_queue.logic.outcomes import ClaimedJob, OutcomeKind
 from tests.support.app import noop, queue
 from tests.support.running import states, wait_for, worker_thread
 

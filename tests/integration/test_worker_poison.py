@@ -409,7 +409,7 @@ def test_a_def_handlers_exit_stops_the_worker_the_same_way(
             "poison_sync",
             "deep_result",
             "nested too deep",
-            "sqla_queue.core.outcomes.InvalidOutcomeError",
+            "sqla_queue.logic.outcomes.InvalidOutcomeError",
         ),
         ("poison_sync", "str_raises", "<str() of this StrRaises raised RuntimeError>", None),
         ("poison_async", "cancelled", "", "asyncio.exceptions.CancelledError"),

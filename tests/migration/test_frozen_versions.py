@@ -18,7 +18,7 @@ from sqlalchemy import Connection, MetaData, text
 from sqlalchemy.orm import sessionmaker
 
 from alembic_ext import CreateQueueOp, DropQueueOp, UpgradeQueueOp, versions
-from sqla_queue.core.payload import make_payload
+from sqla_queue.logic.payload import make_payload
 from sqla_queue.models.tables import SCHEMA_VERSION, build_tables
 from sqla_queue.schema.ddl import create_queue_schema
 from sqla_queue.schema.verify import inspect_schema

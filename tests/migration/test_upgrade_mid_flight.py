@@ -62,7 +62,7 @@ from alembic import command
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import sessionmaker
 
-from sqla_queue.core.payload import make_payload
+from sqla_queue.logic.payload import make_payload
 from sqla_queue.schema.verify import find_missing, inspect_schema
 from tests.migration.conftest import HOSTAPP_MIGRATIONS, HostProject, engine_for, libpq_url
 from tests.migration.frozen_worker import FrozenWorker

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Engine, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sqla_queue import statements
-from sqla_queue.core.outcomes import Outcome, OutcomeKind
+from sqla_queue.logic.outcomes import Outcome, OutcomeKind
 from tests.support.app import queue
 from tests.support.running import wait_for
 

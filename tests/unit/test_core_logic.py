@@ -19,7 +19,7 @@ from sqla_queue import (
     RetryPolicy,
 )
 from sqla_queue._identifiers import validate_prefix, validate_schema, validate_task_name
-from sqla_queue.core.outcomes import (
+from sqla_queue.logic.outcomes import (
     ClaimedJob,
     InvalidOutcomeError,
     OutcomeKind,
@@ -32,8 +32,8 @@ from sqla_queue.core.outcomes import (
     outcome_unwritable,
     sanitize_text,
 )
-from sqla_queue.core.payload import decode_arguments, encode_arguments
-from sqla_queue.core.times import EARLIEST_DUE, LATEST_DUE, check_due, check_due_time
+from sqla_queue.logic.payload import decode_arguments, encode_arguments
+from sqla_queue.logic.times import EARLIEST_DUE, LATEST_DUE, check_due, check_due_time
 
 pytestmark = pytest.mark.unit
 

@@ -20,15 +20,15 @@ from typing import Any
 import pytest
 
 from sqla_queue import Retry, RetryPolicy, WorkerSettings
-from sqla_queue.core.outcomes import ClaimedJob, Outcome, OutcomeKind
-from sqla_queue.core.payload import (
+from sqla_queue.instrumentation import CompositeObserver, NoOpObserver, notify_lost
+from sqla_queue.logic.outcomes import ClaimedJob, Outcome, OutcomeKind
+from sqla_queue.logic.payload import (
     add_payload_hook,
     decode_arguments,
     make_payload,
     payload_extras,
     remove_payload_hook,
 )
-from sqla_queue.instrumentation import CompositeObserver, NoOpObserver, notify_lost
 from sqla_queue.worker.handlers import HandlerRunner, RunningJob
 from sqla_queue.worker.plan import TaskRuntime
 

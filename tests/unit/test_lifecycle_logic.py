@@ -32,8 +32,8 @@ from sqla_queue import (
     ResultTimeoutError,
     RetryPolicy,
 )
-from sqla_queue.core.outcomes import Outcome, OutcomeKind
 from sqla_queue.lifecycle import LISTEN_POLL, POLL_MAX, Wait, result_flow
+from sqla_queue.logic.outcomes import Outcome, OutcomeKind
 from sqla_queue.models import build_tables
 from sqla_queue.spec import EnqueueOptions, JobSpec
 from sqla_queue.statements.lifecycle import await_statement, job_outcome_statement

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import MetaData
 from sqlalchemy.dialects import postgresql
 
-from sqla_queue.core.outcomes import Outcome, OutcomeKind, OutcomeRow
+from sqla_queue.logic.outcomes import Outcome, OutcomeKind, OutcomeRow
 from sqla_queue.models import QueueTables, build_tables
 from sqla_queue.statements import (
     claim_statement,

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import MetaData
 
 from sqla_queue import Reschedule, Retry, RetryPolicy
-from sqla_queue.core.outcomes import Outcome, OutcomeKind
+from sqla_queue.logic.outcomes import Outcome, OutcomeKind
 from sqla_queue.models import build_tables
 from sqla_queue.worker.actions import Claim, Flush, Maintain, Stop, Wait
 from sqla_queue.worker.core import WorkerCore
@@ -483,7 +483,7 @@ def test_a_result_that_cannot_be_stored_is_a_failed_attempt(
     assert (retried.kind, retried.delay) == (OutcomeKind.RETRY, 5)
     assert failed.kind is OutcomeKind.FAILED
     assert failed.error is not None and reason in failed.error["message"]
-    assert failed.error["type"] == "sqla_queue.core.outcomes.InvalidOutcomeError"
+    assert failed.error["type"] == "sqla_queue.logic.outcomes.InvalidOutcomeError"
     failed.encoded  # noqa: B018 - encodes, and PostgreSQL can store it
 
 

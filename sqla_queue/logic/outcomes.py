@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from sqla_queue.core.backoff import RetryPolicy
-from sqla_queue.core.payload import encode_json, text_problem, text_suspect
-from sqla_queue.core.times import check_due, check_due_time, check_seconds
+from sqla_queue.logic.backoff import RetryPolicy
+from sqla_queue.logic.payload import encode_json, text_problem, text_suspect
+from sqla_queue.logic.times import check_due, check_due_time, check_seconds
 
 __all__ = [
     "ClaimedJob",
@@ -93,7 +93,7 @@ class OutcomeRow(TypedDict):
 
 def _handler_delay(option: str, value: object) -> float:
     """A handler's delay: finite and not negative. How far it may reach is checked when the
-    outcome is recorded (:func:`~sqla_queue.core.times.check_due`), so that a delay past the
+    outcome is recorded (:func:`~sqla_queue.logic.times.check_due`), so that a delay past the
     latest due time fails the attempt with its reason instead of the handler's own code."""
     return check_seconds(option, value, maximum=math.inf, timedelta=True)
 
@@ -105,7 +105,7 @@ class Retry(Exception):
     seconds or a ``timedelta``, finite, not negative) and ``at`` (a timezone-aware
     datetime); with neither, the task's backoff decides. A value of the wrong type, a NaN,
     a negative delay or a naive datetime raises at once; a next run after
-    :data:`~sqla_queue.core.times.LATEST_DUE` is refused when the outcome is recorded, and the
+    :data:`~sqla_queue.logic.times.LATEST_DUE` is refused when the outcome is recorded, and the
     attempt then fails with that reason.
     """
 
@@ -145,7 +145,7 @@ class InvalidOutcomeError(ValueError):
 
     Examples: a result holding a NUL character or a lone surrogate (PostgreSQL's ``jsonb``
     refuses both), a result nested too deep to encode, a retry or reschedule due after
-    :data:`~sqla_queue.core.times.LATEST_DUE`. The handler's own exception, if any, is its
+    :data:`~sqla_queue.logic.times.LATEST_DUE`. The handler's own exception, if any, is its
     ``__cause__``, so the recorded traceback shows where it came from.
     """
 
@@ -252,7 +252,7 @@ def find_unstorable(value: Any) -> str | None:
     """Where ``value`` (a JSON-like document) holds a string PostgreSQL cannot store.
 
     Returns a description such as ``"result['a'][2] contains a NUL character ..."``, or
-    ``None``. The rule for a string is enqueue's (:func:`~sqla_queue.core.payload.text_problem`).
+    ``None``. The rule for a string is enqueue's (:func:`~sqla_queue.logic.payload.text_problem`).
     Walks without recursion, so any depth the JSON encoder accepted is fine.
     """
     stack: list[tuple[Any, str]] = [(value, "result")]
