@@ -68,7 +68,16 @@ if hasattr(nox.options, "download_python"):
 nox.options.sessions = ["lint", "typecheck", "docs", "tests"]
 
 ROOT = Path(__file__).parent
-LINT_PATHS = ("sqla_queue", "alembic_ext", "tests", "examples", "bench", ".ci", "noxfile.py")
+LINT_PATHS = (
+    "sqla_queue",
+    "alembic_ext",
+    "tests",
+    "examples",
+    "bench",
+    ".ci",
+    "docs/_hooks",
+    "noxfile.py",
+)
 
 #: What every matrix cell runs: the tests a version difference breaks first.
 FAST_TESTS = (

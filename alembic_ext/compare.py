@@ -34,6 +34,7 @@ from alembic_ext import versions
 from alembic_ext.ops import CreateQueueOp, DropQueueOp, QueueOp, UpgradeQueueOp
 from sqla_queue.errors import InvalidIdentifierError
 from sqla_queue.models.tables import (
+    TABLE_ROLES,
     HistoryLayout,
     QueueTables,
     parse_schema_version_comment,
@@ -52,21 +53,6 @@ __all__ = [
 ]
 
 _EXECUTIONS_SUFFIX = "job_executions"
-# The roles that build_tables tags a queue's tables with; a queue is found by its tags only
-# when all of them are there.
-_ROLES = frozenset(
-    {
-        "jobs",
-        "executions",
-        "limits",
-        "unique_keys",
-        "controls",
-        "rate_starts",
-        "schedules",
-        "daemons",
-        "workers",
-    }
-)
 # Set on the UpgradeOps once handled, so that the hook registered twice (a reloaded module, a
 # hand-written plugin calling it too) still produces one queue operation.
 _DONE = "alembic_ext.queues_compared"
@@ -84,44 +70,25 @@ class QueueSchemaWarning(UserWarning):
 
 @dataclass(frozen=True)
 class QueueTarget:
-    """One queue declared in the target metadata: where it lives and which version it wants."""
+    """One queue declared in the target metadata: its tables and the version it wants."""
 
-    jobs: Table
-    executions: Table
-    limits: Table
-    unique_keys: Table
-    controls: Table
-    rate_starts: Table
-    schedules: Table
-    daemons: Table
-    workers: Table
-    schema: str | None
-    prefix: str
+    tables: QueueTables
     version: int
-    #: The history layout the model declares (``Queue(history=...)``).
-    history: str = "plain"
 
     @property
-    def tables(self) -> QueueTables:
-        """The queue's tables in the shape ``sqla_queue.schema`` expects."""
-        return QueueTables(
-            jobs=self.jobs,
-            executions=self.executions,
-            limits=self.limits,
-            unique_keys=self.unique_keys,
-            controls=self.controls,
-            rate_starts=self.rate_starts,
-            schedules=self.schedules,
-            daemons=self.daemons,
-            workers=self.workers,
-            schema=self.schema,
-            prefix=self.prefix,
-            history=self.history,
-        )
+    def schema(self) -> str | None:
+        """The schema the model declares for the queue (``None``: the search path)."""
+        return self.tables.schema
 
+    @property
+    def prefix(self) -> str:
+        """The prefix of the queue's table names."""
+        return self.tables.prefix
 
-def _queue_tables(target: QueueTarget) -> tuple[Table, ...]:
-    return target.tables.all
+    @property
+    def history(self) -> str:
+        """The history layout the model declares (``Queue(history=...)``)."""
+        return self.tables.history
 
 
 def _metadatas(metadata: MetaData | Sequence[MetaData] | None) -> list[MetaData]:
@@ -134,21 +101,7 @@ def _metadatas(metadata: MetaData | Sequence[MetaData] | None) -> list[MetaData]
 
 def _target(tables: QueueTables) -> QueueTarget:
     info = tables.executions.info.get("sqla_queue", {})
-    return QueueTarget(
-        jobs=tables.jobs,
-        executions=tables.executions,
-        limits=tables.limits,
-        unique_keys=tables.unique_keys,
-        controls=tables.controls,
-        rate_starts=tables.rate_starts,
-        schedules=tables.schedules,
-        daemons=tables.daemons,
-        workers=tables.workers,
-        schema=tables.schema,
-        prefix=tables.prefix,
-        version=int(info.get("schema_version", versions.LATEST_VERSION)),
-        history=tables.history,
-    )
+    return QueueTarget(tables, int(info.get("schema_version", versions.LATEST_VERSION)))
 
 
 def find_queues(metadata: MetaData | Sequence[MetaData] | None) -> list[QueueTarget]:
@@ -170,19 +123,12 @@ def find_queues(metadata: MetaData | Sequence[MetaData] | None) -> list[QueueTar
                 key = (info.get("schema"), str(info.get("prefix")))
                 tagged.setdefault(key, {})[str(info["role"])] = table
         for (schema, prefix), roles in tagged.items():
-            if (schema, prefix) in found or not roles.keys() >= _ROLES:
+            # A queue is found by its tags only when every role is there.
+            if (schema, prefix) in found or not roles.keys() >= set(TABLE_ROLES):
                 continue
             found[(schema, prefix)] = _target(
-                QueueTables(
-                    jobs=roles["jobs"],
-                    executions=roles["executions"],
-                    limits=roles["limits"],
-                    unique_keys=roles["unique_keys"],
-                    controls=roles["controls"],
-                    rate_starts=roles["rate_starts"],
-                    schedules=roles["schedules"],
-                    daemons=roles["daemons"],
-                    workers=roles["workers"],
+                QueueTables.from_roles(
+                    roles,
                     schema=schema,
                     prefix=prefix,
                     history=str(roles["jobs"].info["sqla_queue"].get("history", "plain")),
@@ -206,7 +152,7 @@ def plan_queue_op(
         if existing_tables:
             warnings.warn(
                 f"sqla_queue tables {where}: {', '.join(existing_tables)} found but "
-                f"{target.executions.name} not; autogenerate leaves this half-installed "
+                f"{target.tables.executions.name} not; autogenerate leaves this half-installed "
                 "queue alone. Drop the leftover tables or finish the install by hand.",
                 QueueSchemaWarning,
                 stacklevel=2,
@@ -250,7 +196,7 @@ def _included(autogen_context: AutogenContext, target: QueueTarget) -> bool:
         return False
     # The queue operation touches every table of the queue, so one excluded table is enough
     # to leave the whole queue alone (a filter written for version 1 names only two).
-    for table in _queue_tables(target):
+    for table in target.tables.all:
         if not autogen_context.run_name_filters(table.name, "table", {"schema_name": schema_name}):
             return False
         if not autogen_context.run_object_filters(table, table.name, "table", False, None):
@@ -371,9 +317,9 @@ def _owned_keys(
     for target in targets:
         for where in {target.schema, translated_schema(target.schema, translate_map)}:
             schema = None if where == default_schema else where
-            owned |= {(schema, t.name) for t in _queue_tables(target)}
+            owned |= {(schema, t.name) for t in target.tables.all}
             if target.history == HistoryLayout.PARTITIONED:
-                owned.partition_prefixes.add((schema, f"{target.jobs.name}_"))
+                owned.partition_prefixes.add((schema, f"{target.tables.jobs.name}_"))
     return owned
 
 
@@ -435,7 +381,7 @@ def compare_queues(autogen_context: AutogenContext, upgrade_ops: UpgradeOps) -> 
         in_database = replace(target.tables, schema=translated_schema(target.schema, translate_map))
         report = inspect_schema(connection, in_database)
         absent = {m.table for m in report.missing if m.kind == "table"}
-        others = [t for t in target.tables.all if t is not target.executions]
+        others = [t for t in target.tables.all if t is not target.tables.executions]
         existing = [t.name for t in others if t.name not in absent]
         op = plan_queue_op(target, report.version, existing_tables=existing)
         if op is not None:

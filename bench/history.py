@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import percentile
 from sqla_queue import Queue, statements
-from sqla_queue._binds import run_flow
+from sqla_queue.conversation import run_flow
 from sqla_queue.history.layout import history_names
 from sqla_queue.history.partitions import ensure_flow
 from sqla_queue.testing.databases import DatabaseFactory, resolve_test_admin_url

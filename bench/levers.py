@@ -49,7 +49,7 @@ from bench.common import (
 from bench.drain import drain_once
 from bench.latency import LatencyConfig, latency_once
 from sqla_queue.logic.outcomes import Outcome, OutcomeKind
-from sqla_queue.worker.core import WorkerCore
+from sqla_queue.worker.decider import Decider
 from sqla_queue.worker.settings import WorkerSettings
 
 ASYNC_COMMIT = {"PGOPTIONS": "-c synchronous_commit=off"}
@@ -118,7 +118,7 @@ def latency_levers(db: BenchDatabase, jobs: int) -> TextTable:
 # -- execution path ------------------------------------------------------------------------
 
 
-def _outcomes_params(core: WorkerCore, rows: Sequence[Any]) -> dict[str, Any]:
+def _outcomes_params(core: Decider, rows: Sequence[Any]) -> dict[str, Any]:
     outcomes = [Outcome(r[1], r[2], OutcomeKind.SUCCEEDED) for r in rows if r[1] is not None]
     return {"outcomes": json.dumps([o.as_row() for o in outcomes]), "worker": core.worker_id}
 
@@ -126,7 +126,7 @@ def _outcomes_params(core: WorkerCore, rows: Sequence[Any]) -> dict[str, Any]:
 def path_cpu(db: BenchDatabase, cycles: int) -> TextTable:
     """Client CPU (microseconds) per claim + completion cycle, by execution path."""
     top_up(db, 50_000, 0, pgqueuer=False)
-    core = WorkerCore(
+    core = Decider(
         app.queue.worker_plan([app.NOOP]), WorkerSettings(concurrency=BATCH, tasks=[app.NOOP])
     )
     engine = create_engine(db.url, pool_size=1)
@@ -195,7 +195,7 @@ def path_cpu(db: BenchDatabase, cycles: int) -> TextTable:
 
 async def _async_path_cpu(
     db: BenchDatabase,
-    core: WorkerCore,
+    core: Decider,
     claim: tuple[str, dict[str, Any]],
     complete_sql: str,
     constants: dict[str, Any],

@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqla_queue import statements
 from sqla_queue.testing.databases import DatabaseFactory, resolve_test_admin_url
-from sqla_queue.worker.core import GENERIC_PLAN_SETTINGS
 from tests.support.limited import limited3, queue
 
 TASK = "limited3"
@@ -64,12 +63,12 @@ def measure(engine: Engine, limit: int, running: int, claims: int) -> list[float
             connection.execute(stmt, _params(min(10, running - start))).all()
         connection.execute(text("ANALYZE"))
     times: list[float] = []
+    guard = statements.planner_guard(generic_plans=True)
     with engine.connect() as connection:
-        # As on a worker's own connection: generic plans once prepared, no JIT.
-        for setting in GENERIC_PLAN_SETTINGS:
-            connection.exec_driver_sql(setting)
-        connection.commit()
         for i in range(claims + WARM_UP):
+            # As in a worker's transaction: the planner guard first (generic plans once
+            # prepared, no JIT), outside the time measured.
+            connection.execute(guard)
             began = time.perf_counter()
             connection.execute(stmt, _params(10)).all()
             if i >= WARM_UP:

@@ -3,9 +3,9 @@
 Every call joins the caller's transaction; nothing here commits. Sync callers get the
 result, async callers get a coroutine of it, and both share this one code path.
 
-A :data:`Flow` is a conversation with the database written once, without I/O: it yields
-statements (and, while it waits for something only time can bring, :class:`Sleep`), and
-:func:`run_flow` does the I/O the sync or the async way.
+A conversation of several statements, written once without I/O, is a
+:data:`~sqla_queue.conversation.Flow`; :func:`~sqla_queue.conversation.run_flow` runs it
+on what the caller holds, with the helpers here.
 
 Some calls cannot run in the caller's transaction (``queue.result`` waits on a connection
 of its own, ``queue.cancel`` commits on one): :func:`own_connection` and
@@ -16,25 +16,22 @@ derives from the schema by name (a NOTIFY channel, a lock key) comes from
 
 One exception to "nothing here commits": a connection in AUTOCOMMIT mode has no
 transaction to join, and would commit each statement on its own. Several statements that
-belong together (the chunks of one bulk enqueue) then run in a transaction of their own,
-opened and committed (or rolled back) here, so they are written whole or not at all.
+belong together (the chunks of one bulk enqueue, the statements of a flow) then run in a
+transaction of their own, opened and committed (or rolled back) by :func:`one_transaction`
+or :func:`one_async_transaction`, so they are written whole or not at all.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
 from collections.abc import (
     AsyncIterator,
     Callable,
     Coroutine,
-    Generator,
     Iterator,
     Mapping,
     Sequence,
 )
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine
@@ -47,43 +44,24 @@ from sqla_queue.models.tables import QueueTables
 
 __all__ = [
     "AnyBind",
-    "Flow",
-    "Sleep",
     "check_async_source",
     "check_source",
     "engine_with_options",
     "in_autocommit",
     "on_connection",
+    "one_async_transaction",
+    "one_transaction",
     "options_of",
     "own_async_connection",
     "own_connection",
-    "run_flow",
     "scalars_each",
     "tables_for",
 ]
 
+#: What a library call that joins the caller's transaction accepts.
 AnyBind = Session | Connection | AsyncSession | AsyncConnection
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Sleep:
-    """A flow's request to pause ``seconds`` before its next statement (it is sent ``()``).
-
-    The sync driver blocks its thread (``time.sleep``); the async one awaits
-    ``asyncio.sleep``, so the event loop keeps serving other tasks meanwhile. The caller's
-    transaction stays open across the pause, with every lock it holds.
-    """
-
-    seconds: float
-
-
-#: A conversation with the database written once for both faces: the generator yields
-#: ``(statement, params)`` and is sent back the statement's rows, or yields a
-#: :class:`Sleep` and is sent ``()`` after it, until it returns its value.
-#: :func:`run_flow` drives it on a sync or an async bind.
-Flow = Generator[tuple[Executable, Mapping[str, Any]] | Sleep, Sequence[Any], T]
 
 
 def in_autocommit(connection: Connection) -> bool:
@@ -93,6 +71,51 @@ def in_autocommit(connection: Connection) -> bool:
     async adapters all have one), without a round trip; ``False`` for a driver without it.
     """
     return bool(getattr(connection.connection.dbapi_connection, "autocommit", False))
+
+
+@contextlib.contextmanager
+def one_transaction(connection: Connection, *, needed: bool = True) -> Iterator[None]:
+    """Run the block's statements in one transaction: the caller's, or one of their own.
+
+    A connection in a transaction (or about to autobegin one) is left alone: the block
+    joins it. On an AUTOCOMMIT connection a transaction is begun here and committed when
+    the block ends, or rolled back if it raises (see the module's docstring). ``needed``
+    false skips that: a single statement is already all or nothing.
+    """
+    own = needed and in_autocommit(connection)
+    if own:
+        connection.exec_driver_sql("BEGIN")
+    try:
+        yield
+    except BaseException:
+        if own:
+            # The block's own error is the one to report; a rollback that fails too
+            # (the connection is gone) ends the transaction anyway.
+            with contextlib.suppress(Exception):
+                connection.exec_driver_sql("ROLLBACK")
+        raise
+    if own:
+        connection.exec_driver_sql("COMMIT")
+
+
+@contextlib.asynccontextmanager
+async def one_async_transaction(
+    connection: AsyncConnection, *, needed: bool = True
+) -> AsyncIterator[None]:
+    """:func:`one_transaction` for an ``AsyncConnection``."""
+    sync = connection.sync_connection
+    own = needed and sync is not None and in_autocommit(sync)
+    if own:
+        await connection.exec_driver_sql("BEGIN")
+    try:
+        yield
+    except BaseException:
+        if own:
+            with contextlib.suppress(Exception):
+                await connection.exec_driver_sql("ROLLBACK")
+        raise
+    if own:
+        await connection.exec_driver_sql("COMMIT")
 
 
 def scalars_each(
@@ -106,27 +129,10 @@ def scalars_each(
     if isinstance(bind, AsyncSession | AsyncConnection):
         return _scalars_each_async(bind, statement, param_sets)
     connection = bind.connection() if isinstance(bind, Session) else bind
-    if len(param_sets) < 2 or not in_autocommit(connection):
-        return _execute_each(connection, statement, param_sets)
-    connection.exec_driver_sql("BEGIN")
-    try:
-        values = _execute_each(connection, statement, param_sets)
-    except BaseException:
-        # The statement's own error is the one to report; a rollback that fails too
-        # (the connection is gone) ends the transaction anyway.
-        with contextlib.suppress(Exception):
-            connection.exec_driver_sql("ROLLBACK")
-        raise
-    connection.exec_driver_sql("COMMIT")
-    return values
-
-
-def _execute_each(
-    connection: Connection, statement: Executable, param_sets: Sequence[Mapping[str, Any]]
-) -> list[Any]:
-    values: list[Any] = []
-    for params in param_sets:
-        values.extend(connection.execute(statement, dict(params)).scalars())
+    with one_transaction(connection, needed=len(param_sets) > 1):
+        values: list[Any] = []
+        for params in param_sets:
+            values.extend(connection.execute(statement, dict(params)).scalars())
     return values
 
 
@@ -136,93 +142,12 @@ async def _scalars_each_async(
     param_sets: Sequence[Mapping[str, Any]],
 ) -> list[Any]:
     connection = await bind.connection() if isinstance(bind, AsyncSession) else bind
-    sync = connection.sync_connection
-    own_transaction = len(param_sets) > 1 and sync is not None and in_autocommit(sync)
-    if own_transaction:
-        await connection.exec_driver_sql("BEGIN")
-    values: list[Any] = []
-    try:
+    async with one_async_transaction(connection, needed=len(param_sets) > 1):
+        values: list[Any] = []
         for params in param_sets:
             result = await connection.execute(statement, dict(params))
             values.extend(result.scalars())
-    except BaseException:
-        if own_transaction:
-            with contextlib.suppress(Exception):
-                await connection.exec_driver_sql("ROLLBACK")
-        raise
-    if own_transaction:
-        await connection.exec_driver_sql("COMMIT")
     return values
-
-
-def run_flow(bind: AnyBind, flow: Flow[T]) -> T | Coroutine[Any, Any, T]:
-    """Run ``flow``'s statements on ``bind``, in its transaction; its value (or a coroutine).
-
-    On an AUTOCOMMIT connection the statements share a transaction of their own, as the
-    chunks of a bulk enqueue do (see the module's docstring): a flow is written whole or
-    not at all.
-    """
-    if isinstance(bind, AsyncSession | AsyncConnection):
-        return _run_flow_async(bind, flow)
-    connection = bind.connection() if isinstance(bind, Session) else bind
-    own = in_autocommit(connection)
-    if own:
-        connection.exec_driver_sql("BEGIN")
-    try:
-        rows: Sequence[Any] | None = None
-        while True:
-            try:
-                step = flow.send(rows) if rows is not None else next(flow)
-            except StopIteration as done:
-                value: T = done.value
-                break
-            if isinstance(step, Sleep):
-                time.sleep(step.seconds)
-                rows = ()
-                continue
-            statement, params = step
-            result = connection.execute(statement, dict(params))
-            # A statement without rows (DDL, SET LOCAL) is sent back no rows.
-            rows = result.all() if result.returns_rows else ()
-    except BaseException:
-        if own:
-            with contextlib.suppress(Exception):
-                connection.exec_driver_sql("ROLLBACK")
-        raise
-    if own:
-        connection.exec_driver_sql("COMMIT")
-    return value
-
-
-async def _run_flow_async(bind: AsyncSession | AsyncConnection, flow: Flow[T]) -> T:
-    connection = await bind.connection() if isinstance(bind, AsyncSession) else bind
-    sync = connection.sync_connection
-    own = sync is not None and in_autocommit(sync)
-    if own:
-        await connection.exec_driver_sql("BEGIN")
-    try:
-        rows: Sequence[Any] | None = None
-        while True:
-            try:
-                step = flow.send(rows) if rows is not None else next(flow)
-            except StopIteration as done:
-                value: T = done.value
-                break
-            if isinstance(step, Sleep):
-                await asyncio.sleep(step.seconds)
-                rows = ()
-                continue
-            statement, params = step
-            result = await connection.execute(statement, dict(params))
-            rows = result.all() if result.returns_rows else ()
-    except BaseException:
-        if own:
-            with contextlib.suppress(Exception):
-                await connection.exec_driver_sql("ROLLBACK")
-        raise
-    if own:
-        await connection.exec_driver_sql("COMMIT")
-    return value
 
 
 #: Execution options that shape the caller's own transactions. A connection opened on the

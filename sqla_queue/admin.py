@@ -28,14 +28,22 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from sqla_queue._binds import AnyBind, Flow, run_flow, scalars_each, tables_for
+from sqla_queue._binds import AnyBind, scalars_each, tables_for
 from sqla_queue._sqlstate import INSUFFICIENT_PRIVILEGE, sqlstate_of
+from sqla_queue.checks import (
+    INT4_MAX,
+    INT8_MAX,
+    INT8_MIN,
+    check_in_range,
+    check_row_limit,
+    check_whole_number,
+)
+from sqla_queue.conversation import Flow, run_flow
 from sqla_queue.errors import InsufficientPrivilegeError
 from sqla_queue.logic.payload import encode_json
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.schema.manifest import ADMIN_LIMIT_PRIVILEGES, RequiredPrivilege
 from sqla_queue.schema.verify import GRANTS_GUIDE, grant_statements
-from sqla_queue.spec import INT4_MAX, INT8_MAX, INT8_MIN, check_whole_number
 from sqla_queue.statements.admin import (
     FailedJobsParams,
     PruneParams,
@@ -60,8 +68,6 @@ from sqla_queue.statements.unique import (
 )
 
 __all__ = [
-    "BIGINT_MAX",
-    "INTEGER_MAX",
     "FailedJob",
     "RequeueReport",
     "check_age",
@@ -79,10 +85,6 @@ __all__ = [
 SyncBind = Session | Connection
 AsyncBind = AsyncSession | AsyncConnection
 
-#: The largest value of PostgreSQL's ``integer`` (the stored concurrency limit).
-INTEGER_MAX = INT4_MAX
-#: The largest value of PostgreSQL's ``bigint`` (job ids).
-BIGINT_MAX = INT8_MAX
 # Ages beyond this prune what they would prune at any larger age (nothing finished before
 # 1000 BC), and keep now() - age inside PostgreSQL's timestamp range (4713 BC on).
 _PRUNE_HORIZON_SECONDS = 3000 * 365.25 * 86400
@@ -91,16 +93,12 @@ _PRUNE_HORIZON_SECONDS = 3000 * 365.25 * 86400
 def check_limit(limit: object) -> int | None:
     """``limit`` as a concurrency limit to store, or ``None`` (remove the stored one).
 
-    A limit is a whole number from 1 to :data:`INTEGER_MAX` (the limits table's column is
-    an ``integer``); anything else raises :class:`ValueError` naming it.
+    A limit is a whole number from 1 to :data:`~sqla_queue.checks.INT4_MAX` (the limits
+    table's column is an ``integer``); anything else raises :class:`ValueError` naming it.
     """
     if limit is None:
         return None
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= INTEGER_MAX:
-        raise ValueError(
-            f"a concurrency limit must be a whole number from 1 to {INTEGER_MAX}, got {limit!r}"
-        )
-    return limit
+    return check_in_range("a concurrency limit", limit, 1, INT4_MAX)
 
 
 def check_job_ids(job_ids: Iterable[int]) -> list[int]:
@@ -155,9 +153,7 @@ def check_age(older_than: object) -> float:
 
 def check_failed_limit(limit: object) -> int:
     """How many failed jobs :func:`failed_jobs` may list: a whole number from 1."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"the number of failed jobs to list must be at least 1, got {limit!r}")
-    return min(limit, BIGINT_MAX)
+    return check_row_limit("the number of failed jobs to list", limit)
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,8 @@ from sqlalchemy.orm import Session
 
 from sqla_queue._sqlstate import INSUFFICIENT_PRIVILEGE, sqlstate_of
 from sqla_queue.admin import operator_write_refused
-from sqla_queue.logic.times import check_seconds
+from sqla_queue.checks import INT4_MAX, check_in_range, check_seconds
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.spec import INT4_MAX
 from sqla_queue.statements.controls import (
     SetPausedParams,
     SetRateParams,
@@ -79,15 +78,7 @@ def check_rate_limit(max_starts: object, per_seconds: object) -> tuple[int, floa
     """``(max_starts, per_seconds)`` checked: a whole number from 1 to 2,147,483,647 starts
     per a positive number of seconds (or a ``timedelta``) up to a week; else
     :class:`TypeError` or :class:`ValueError` naming the argument and the rule."""
-    if (
-        isinstance(max_starts, bool)
-        or not isinstance(max_starts, int)
-        or not 1 <= max_starts <= INT4_MAX
-    ):
-        raise ValueError(
-            f"a rate limit's max_starts must be a whole number from 1 to {INT4_MAX}, "
-            f"got {max_starts!r}"
-        )
+    starts = check_in_range("a rate limit's max_starts", max_starts, 1, INT4_MAX)
     seconds = check_seconds(
         "a rate limit's period (per)",
         per_seconds,
@@ -95,7 +86,7 @@ def check_rate_limit(max_starts: object, per_seconds: object) -> tuple[int, floa
         positive=True,
         timedelta=True,
     )
-    return max_starts, seconds
+    return starts, seconds
 
 
 def set_paused(bind: SyncBind, tables: QueueTables, task: str, paused: bool) -> None:

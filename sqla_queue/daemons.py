@@ -9,8 +9,8 @@ its own (``async def``), so a worker's ``concurrency`` stays whole for ordinary 
 This module holds the pure parts: the frozen :class:`DaemonSpec`, the
 :class:`DaemonContext` a running instance receives, the restart policy
 (:class:`DaemonBackoff`), and :class:`DaemonStatus`, one instance's row as
-:meth:`Queue.daemon_status <sqla_queue.Queue.daemon_status>` reports it. Nothing here
-touches the database.
+:meth:`Queue.daemon_status <sqla_queue.Queue.daemon_status>` reports it. Only
+:func:`read_daemon_status`, the reading behind that report, touches the database.
 """
 
 from __future__ import annotations
@@ -27,8 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
 from sqla_queue._identifiers import validate_task_name
-from sqla_queue.logic.times import MAX_LOST_INTERVAL, check_seconds
+from sqla_queue.checks import check_seconds
+from sqla_queue.logic.times import MAX_LOST_INTERVAL
+from sqla_queue.models.tables import QueueTables
+from sqla_queue.statements.daemons import daemon_status_statement
 
 __all__ = [
     "MAX_INSTANCES",
@@ -38,6 +44,7 @@ __all__ = [
     "DaemonContext",
     "DaemonSpec",
     "DaemonStatus",
+    "read_daemon_status",
 ]
 
 #: Most instances one daemon may ask for (each is a thread and a row).
@@ -315,3 +322,24 @@ class DaemonStatus:
             "last_error": self.last_error,
             "running": self.running,
         }
+
+
+def read_daemon_status(session: Session | Connection, tables: QueueTables) -> list[DaemonStatus]:
+    """Every daemon instance the ``daemons`` table records, in (name, instance) order.
+
+    Reads on ``session``'s transaction; writes nothing.
+    """
+    rows = session.execute(daemon_status_statement(tables)).all()
+    return [
+        DaemonStatus(
+            name=row.name,
+            instance=row.instance,
+            worker_id=row.worker_id,
+            lease_until=row.lease_until,
+            started_at=row.started_at,
+            restarts=row.restarts,
+            last_error=row.last_error,
+            running=bool(row.running),
+        )
+        for row in rows
+    ]

@@ -3,53 +3,36 @@
 Rows are prepared without I/O in the caller's process, so a bad argument fails before
 anything reaches the database, then written by one statement per chunk on the caller's
 connection (see :mod:`sqla_queue._binds`). A single job takes a shorter road:
-:func:`encode_one` serializes its one row, and :class:`DriverStatement` holds the enqueue
-statement compiled once per dialect, so that each call sends the same text without
+:func:`encode_one` serializes its one row, and the enqueue statement is compiled once per
+dialect (:mod:`sqla_queue.compiled`), so that each call sends the same text without
 SQLAlchemy's per-execution compile-cache work.
 
 :class:`Enqueuer` owns all of it for one queue: the statement of each shape, their driver
-forms, and the lookup of a task's defaults (:class:`KnownTasks`). The queue makes one and
-hands it to each :class:`~sqla_queue.Task`. This module imports neither of them.
+forms, and the lookup of a task's defaults (a :data:`DefaultsLookup`, the registry's, see
+:class:`sqla_queue.registry.KnownTasks`). The queue makes one and hands it to each
+:class:`~sqla_queue.Task`. This module imports neither of them.
 
-A task with ``max_pending`` (a bounded task) takes another road, :func:`bounded_flow`:
-its enqueue takes the task's lock, counts the task's pending jobs in a fresh snapshot, and
-writes only if the call's rows fit (see :mod:`sqla_queue.statements.bounded` for why that
-is exact). An unbounded task's enqueue never comes near it: same statements, same round
-trips as before bounds existed.
+A task with ``max_pending`` (a bounded task) takes another road, through
+:mod:`sqla_queue.bounded`; an unbounded task's enqueue never comes near it.
 """
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import Select
 from sqlalchemy.engine import Connection, CursorResult, Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
-from sqlalchemy.sql import ClauseElement, Executable
-from sqlalchemy.sql.compiler import SQLCompiler
 
-from sqla_queue._binds import (
-    AnyBind,
-    Flow,
-    Sleep,
-    on_connection,
-    options_of,
-    run_flow,
-    scalars_each,
-)
-from sqla_queue._identifiers import validate_task_name
-from sqla_queue.errors import (
-    IsolationLevelError,
-    PayloadNotSerializableError,
-    QueueFull,
-    UnknownTaskError,
-)
+from sqla_queue._binds import AnyBind, on_connection, options_of, scalars_each
+from sqla_queue.bounded import BoundedStatements, bounded_flow, wait_of, write_flow
+from sqla_queue.compiled import CompiledStatement, driver_statement_for
+from sqla_queue.conversation import Flow, run_flow
+from sqla_queue.errors import PayloadNotSerializableError
 from sqla_queue.logic.payload import (
     check_storable,
     encode_json,
@@ -58,29 +41,24 @@ from sqla_queue.logic.payload import (
     text_suspect,
 )
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.spec import EnqueueOptions, JobSpec
-from sqla_queue.statements.bounded import (
-    BoundLockParams,
-    PendingCountParams,
-    bound_lock_key,
-    bound_lock_statement,
-    pending_count_statement,
+from sqla_queue.spec import (
+    OPTION_NAMES,
+    EnqueueKwargs,
+    EnqueueOptions,
+    JobSpec,
+    check_keywords,
+    make_enqueue_options,
 )
 from sqla_queue.statements.enqueue import EnqueueParams, EnqueueRow, enqueue_statement
 from sqla_queue.unique import UniqueStatements, unique_enqueue_flow
 
 __all__ = [
     "CHUNK_SIZE",
-    "FULL_POLL_INTERVAL",
-    "BoundedStatements",
     "DefaultsLookup",
-    "DriverStatement",
     "EnqueueStatements",
     "Enqueuer",
-    "KnownTasks",
     "TaskDefaults",
-    "bounded_flow",
-    "driver_statement_for",
+    "by_name",
     "encode_one",
     "prepare_rows",
 ]
@@ -93,8 +71,6 @@ CHUNK_SIZE = 5_000
 #: free room without telling anyone, so it is polled; each count costs at most three index
 #: walks of ``max_pending`` entries.
 FULL_POLL_INTERVAL = 0.05
-
-T = TypeVar("T")
 
 
 class TaskDefaults:
@@ -113,56 +89,20 @@ class TaskDefaults:
 DefaultsLookup = Callable[[str], TaskDefaults]
 
 
-class KnownTasks:
-    """The task names this process may enqueue, with the defaults of their rows.
-
-    A name is known when a handler is registered under it, or when it is declared for
-    producers that do not import the handler; a registered name's defaults win. Names are
-    validated before they are added, so :meth:`lookup` proves a known name valid without
-    matching it again.
-    """
-
-    __slots__ = ("_declared", "_registered")
-
-    def __init__(self) -> None:
-        self._registered: dict[str, TaskDefaults] = {}
-        self._declared: dict[str, TaskDefaults] = {}
-
-    def register(self, name: str, defaults: TaskDefaults) -> None:
-        """Add the defaults of a registered handler (``name`` already validated)."""
-        self._registered[name] = defaults
-
-    def declare(self, name: str, defaults: TaskDefaults) -> None:
-        """Add a name declared without its handler (``name`` already validated)."""
-        self._declared[name] = defaults
-
-    def names(self) -> list[str]:
-        """Every known name, sorted."""
-        return sorted(set(self._registered) | set(self._declared))
-
-    def unknown_message(self, name: str) -> str:
-        """The :class:`~sqla_queue.UnknownTaskError` message for ``name``."""
-        known = self.names()
-        return (
-            f"unknown task {name!r}: it is neither registered with @queue.task nor declared "
-            f"with queue.declare_task(); known tasks: {known or 'none'}"
+def by_name(
+    task: str, kwargs: Mapping[str, Any] | None, args: Sequence[Any], options: EnqueueKwargs
+) -> JobSpec:
+    """The spec of ``queue.enqueue(session, task, kwargs, args=..., **options)``, its
+    arguments' types and the options' names checked (the values are checked by
+    ``make_enqueue_options``, the name and the arguments' JSON when the row is made)."""
+    check_keywords("Queue.enqueue", options, OPTION_NAMES)
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError(f"kwargs must be a mapping of the task's keyword arguments, got {kwargs!r}")
+    if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+        raise TypeError(
+            f"args must be a list or tuple of the task's positional arguments, got {args!r}"
         )
-
-    def lookup(self, name: str) -> TaskDefaults:
-        """The defaults of task ``name``; it is the only check a name needs.
-
-        A known name returns at once. Any other value raises what validating it and then
-        looking it up would: :class:`~sqla_queue.InvalidIdentifierError` for an invalid
-        name, :class:`~sqla_queue.UnknownTaskError` for a valid unknown one.
-        """
-        if isinstance(name, str):
-            found = self._registered.get(name)
-            if found is None:
-                found = self._declared.get(name)
-            if found is not None:
-                return found
-        validate_task_name(name)
-        raise UnknownTaskError(self.unknown_message(name))
+    return JobSpec(task, tuple(args), dict(kwargs or {}), make_enqueue_options(**options))
 
 
 def _row(spec: JobSpec, defaults: TaskDefaults, seq: int) -> EnqueueRow:
@@ -218,8 +158,8 @@ def prepare_rows(
     ``defaults_for(name)`` returns the :class:`TaskDefaults` of a task and is the name's
     only check: it raises :class:`~sqla_queue.InvalidIdentifierError` for an invalid name
     and :class:`~sqla_queue.UnknownTaskError` for one the queue does not know (see
-    :meth:`KnownTasks.lookup`). Every spec is checked before any chunk is returned, so a
-    bad one means nothing is written.
+    :meth:`sqla_queue.registry.KnownTasks.lookup`). Every spec is checked before any chunk
+    is returned, so a bad one means nothing is written.
     """
     chunks: list[str] = []
     batch: list[EnqueueRow] = []
@@ -293,9 +233,9 @@ class EnqueueStatements:
         }
         # The enqueue statement compiled for each dialect seen and each shape (None: not
         # served that way).
-        self._driver: dict[tuple[Dialect, bool], DriverStatement | None] = {}
+        self._driver: dict[tuple[Dialect, bool], CompiledStatement | None] = {}
 
-    def driver_statement(self, connection: Connection, keyed: bool) -> DriverStatement | None:
+    def driver_statement(self, connection: Connection, keyed: bool) -> CompiledStatement | None:
         """The enqueue statement as driver SQL for ``connection``, or None to use execute.
 
         A ``schema_translate_map`` execution option changes the compiled text, so such a
@@ -389,7 +329,7 @@ class Enqueuer:
 
         Same checks in the same order (task name, then the arguments' JSON), same row, same
         statement; only the statement's execution skips SQLAlchemy's compile-cache lookup
-        where the driver allows (see :class:`DriverStatement`). Returns the job id, or a
+        where the driver allows (see :mod:`sqla_queue.compiled`). Returns the job id, or a
         coroutine of it for async sessions.
         """
         if options.unique_key is not None or options.on_duplicate is not None:
@@ -473,12 +413,12 @@ class Enqueuer:
             statements = self.statements_for(connection)
             statement = statements.by_shape[keyed]
             flow = bounded_flow(
-                _write_flow(statement, written),
+                write_flow(statement, written),
                 statements=statements.bounded,
                 enqueue=statement,
                 bounds=bounds,
                 need=need,
-                wait=_wait_of(specs),
+                wait=wait_of(specs),
             )
             return run_flow(connection, flow)
 
@@ -537,147 +477,8 @@ class Enqueuer:
             enqueue=enqueue,
             bounds=bounds,
             need=need,
-            wait=_wait_of(specs),
+            wait=wait_of(specs),
         )
-
-
-@dataclass(frozen=True)
-class BoundedStatements:
-    """The statements of a bounded enqueue, built once per queue, and its lock names."""
-
-    lock: Any
-    count: Any
-    tables: QueueTables
-
-    @classmethod
-    def build(cls, tables: QueueTables) -> BoundedStatements:
-        """Build them for ``tables``."""
-        return cls(bound_lock_statement(tables), pending_count_statement(tables), tables)
-
-    def lock_params(self, task: str) -> BoundLockParams:
-        """The parameters that take ``task``'s enqueue lock."""
-        return {"key": bound_lock_key(self.tables, task)}
-
-
-def _wait_of(specs: Sequence[JobSpec]) -> float:
-    """How long a call may wait for room: the longest ``wait_if_full`` of its specs."""
-    return max((spec.options.wait_if_full or 0.0 for spec in specs), default=0.0)
-
-
-def _write_flow(statement: Executable, chunks: Sequence[str]) -> Flow[list[int]]:
-    """Write ``chunks`` with the enqueue ``statement``; the new ids, in order."""
-    ids: list[int] = []
-    for chunk in chunks:
-        params: EnqueueParams = {"rows": chunk}
-        rows = yield statement, params
-        ids.extend(int(row[0]) for row in rows)
-    return ids
-
-
-def _full(
-    task: str, bound: int, pending: int, requested: int, waited: float, wait: float
-) -> QueueFull:
-    pending = min(pending, bound)
-    if requested > bound:
-        why = f"this call adds {requested} jobs, more than the bound itself"
-        fix = "enqueue them in batches of at most max_pending, or raise max_pending"
-    else:
-        why = f"{pending} of its jobs are pending and this call adds {requested}"
-        if wait > 0:
-            fix = (
-                f"it waited {waited:.1f}s (wait_if_full={wait:g}) without room; wait longer, "
-                "add workers, or raise max_pending"
-            )
-        else:
-            fix = (
-                "retry later, pass wait_if_full=seconds to wait for room, add workers, or "
-                "raise max_pending"
-            )
-    return QueueFull(
-        f"task {task!r} is full (max_pending={bound}): {why}; nothing was enqueued. To go "
-        f"on: {fix}.",
-        task=task,
-        max_pending=bound,
-        pending=pending,
-        requested=requested,
-        waited=round(waited, 3),
-    )
-
-
-def _room_flow(
-    statements: BoundedStatements,
-    bounds: Mapping[str, int],
-    need: Mapping[str, int],
-    wait: float,
-) -> Flow[None]:
-    """Count each bounded task that needs room until all have it; raise QueueFull at the
-    deadline. Each count is a statement of its own, so each sees the latest commits."""
-    started = time.monotonic()
-    left = sorted(task for task, n in need.items() if n > 0 and task in bounds)
-    for task in left:
-        if need[task] > bounds[task]:
-            raise _full(task, bounds[task], 0, need[task], 0.0, wait)
-    while left:
-        full: list[tuple[str, int]] = []
-        for task in left:
-            params: PendingCountParams = {"task": task, "cap": bounds[task]}
-            rows = yield statements.count, params
-            pending, isolation = int(rows[0][0]), str(rows[0][1])
-            if isolation != "read committed":
-                raise IsolationLevelError(
-                    f"cannot enqueue bounded task {task!r} (max_pending={bounds[task]}) in a "
-                    f"{isolation.upper()} transaction: its pending jobs are counted exactly "
-                    "only in a READ COMMITTED one (PostgreSQL's default), whose count sees "
-                    "every earlier enqueuer's commit. Nothing was enqueued; run the enqueue "
-                    "in a READ COMMITTED transaction."
-                )
-            if pending + need[task] > bounds[task]:
-                full.append((task, pending))
-        if not full:
-            return
-        # Room found for a task stays: its lock keeps other enqueuers out, and workers
-        # only take jobs away (a retry or a reclaim puts back a job already admitted).
-        left = [task for task, _ in full]
-        waited = time.monotonic() - started
-        if waited >= wait:
-            task, pending = full[0]
-            raise _full(task, bounds[task], pending, need[task], waited if wait else 0.0, wait)
-        yield Sleep(min(FULL_POLL_INTERVAL, wait - waited))
-
-
-def bounded_flow(
-    inner: Flow[T],
-    *,
-    statements: BoundedStatements,
-    enqueue: Executable,
-    bounds: Mapping[str, int],
-    need: Mapping[str, int],
-    wait: float,
-) -> Flow[T]:
-    """Run ``inner`` (a flow that writes jobs with ``enqueue``) within the bounds.
-
-    First the enqueue lock of every task in ``bounds`` is taken, in name order (so two
-    calls that bound the same tasks never deadlock). ``inner`` then runs; before its first
-    ``enqueue`` statement, each task with rows to write (``need``, read then: the unique
-    flow fills it only when it knows which calls write) is counted until all have room,
-    for up to ``wait`` seconds, or :class:`~sqla_queue.QueueFull` is raised before
-    anything is written. The locks stay held until the caller's transaction ends, which
-    is what keeps the next enqueuer's count exact.
-    """
-    for task in sorted(bounds):
-        yield statements.lock, statements.lock_params(task)
-    checked = False
-    rows: Sequence[Any] | None = None
-    while True:
-        try:
-            step = inner.send(rows) if rows is not None else next(inner)
-        except StopIteration as done:
-            value: T = done.value
-            return value
-        if not checked and not isinstance(step, Sleep) and step[0] is enqueue:
-            checked = True
-            yield from _room_flow(statements, bounds, need, wait)
-        rows = yield step
 
 
 def _first(ids: list[int] | Coroutine[Any, Any, list[int]]) -> int | Coroutine[Any, Any, int]:
@@ -688,60 +489,3 @@ def _first(ids: list[int] | Coroutine[Any, Any, list[int]]) -> int | Coroutine[A
         return (await ids)[0]
 
     return first()
-
-
-class DriverStatement:
-    """A statement compiled once for one dialect, to run as driver SQL.
-
-    ``Connection.execute`` of a Core statement looks its compiled form up in SQLAlchemy's
-    cache, then builds and processes the parameters, on every call. For a statement that
-    runs once per business transaction, that was a third of the enqueue's client CPU. Here
-    the text, the values SQLAlchemy bound itself, and the conversions its types apply are
-    taken once; :meth:`params` then only fills in the caller's values, and
-    ``Connection.exec_driver_sql`` sends exactly the text ``execute`` would have sent, with
-    the same events (``before_cursor_execute``, echo) and the same exception wrapping.
-    """
-
-    __slots__ = ("defaults", "processors", "text")
-
-    def __init__(self, compiled: SQLCompiler) -> None:
-        #: The SQL text, in the dialect's own (named) parameter style.
-        self.text: str = str(compiled)
-        processors: dict[str, Any] = dict(getattr(compiled, "_bind_processors", {}))
-        #: Each bind's conversion on the way in (none for the enqueue's text and numbers).
-        self.processors = processors
-        #: Values SQLAlchemy bound itself (the notify channel, a literal 0.0, ...).
-        self.defaults: dict[str, Any] = {
-            name: _processed(processors, name, value)
-            for name, value in compiled.params.items()
-            if not compiled.binds[name].required
-        }
-
-    def params(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """The driver's parameters for one execution with the caller's ``values``."""
-        params = dict(self.defaults)
-        for name, value in values.items():
-            params[name] = _processed(self.processors, name, value)
-        return params
-
-
-def _processed(processors: Mapping[str, Any], name: str, value: Any) -> Any:
-    process = processors.get(name)
-    return value if process is None or value is None else process(value)
-
-
-def driver_statement_for(statement: ClauseElement, dialect: Dialect) -> DriverStatement | None:
-    """``statement`` compiled for ``dialect``, or None where it must go through ``execute``.
-
-    Only drivers that take parameters by name (psycopg, psycopg2) are served, and only a
-    statement whose text is final once compiled (no parameter expanded at execution);
-    anything else keeps SQLAlchemy's own execution.
-    """
-    if dialect.paramstyle not in ("pyformat", "named"):
-        return None
-    compiled = statement.compile(dialect=dialect)
-    if not isinstance(compiled, SQLCompiler) or compiled.literal_execute_params:
-        return None
-    if compiled.post_compile_params:
-        return None
-    return DriverStatement(compiled)

@@ -6,16 +6,17 @@ at once on a connection of its own, never in the caller's transaction (see :func
 see the job finish): it marks the job awaited, so that its completion sends a NOTIFY, and
 then reads the job each time a notification for it arrives, or when a poll interval passes
 without one. A driver that cannot LISTEN (asyncpg through SQLAlchemy) only polls. The
-conversation is :func:`result_flow`, a generator without I/O; :func:`wait_sync` and
-:func:`wait_async` drive it.
+conversation is :func:`result_flow`, a :data:`~sqla_queue.conversation.Flow`: without I/O,
+it yields its statements and its waits. :func:`wait_sync` and :func:`wait_async` run it
+with the conversation's drivers, and spend each wait listening for the job's notification.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Engine
@@ -23,6 +24,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql import Executable
 
 from sqla_queue._binds import (
     check_async_source,
@@ -34,6 +36,7 @@ from sqla_queue._binds import (
 from sqla_queue._durations import format_duration
 from sqla_queue._sqlstate import LOCK_NOT_AVAILABLE, SERIALIZATION_FAILURE, sqlstate_of
 from sqla_queue.admin import check_job_ids
+from sqla_queue.conversation import Flow, Wait, drive, drive_async
 from sqla_queue.errors import (
     CancelBlockedError,
     JobCancelledError,
@@ -44,12 +47,15 @@ from sqla_queue.errors import (
 from sqla_queue.logic.times import check_delay
 from sqla_queue.models.tables import JobStatus, QueueTables
 from sqla_queue.statements.lifecycle import (
+    UNLISTEN_ALL,
     CancelOutcome,
     CancelParams,
     JobParams,
     await_statement,
+    cancel_lock_timeout_sql,
     cancel_statement,
     job_outcome_statement,
+    listen_sql,
 )
 
 __all__ = [
@@ -108,7 +114,7 @@ def cancel(source: Any, tables: QueueTables, job_ids: Iterable[int]) -> Any:
         return {}
     try:
         with own_connection(source, "queue.cancel") as connection, connection.begin():
-            connection.exec_driver_sql(_lock_timeout_sql())
+            connection.exec_driver_sql(cancel_lock_timeout_sql(CANCEL_LOCK_TIMEOUT))
             statement = cancel_statement(tables_for(tables, connection))
             rows = connection.execute(statement, _params(ids)).all()
     except DBAPIError as exc:
@@ -125,7 +131,7 @@ async def _cancel_async(source: Any, tables: QueueTables, ids: list[int]) -> dic
             own_async_connection(source, "queue.cancel") as connection,
             connection.begin(),
         ):
-            await connection.exec_driver_sql(_lock_timeout_sql())
+            await connection.exec_driver_sql(cancel_lock_timeout_sql(CANCEL_LOCK_TIMEOUT))
             statement = cancel_statement(tables_for(tables, connection))
             rows = (await connection.execute(statement, _params(ids))).all()
     except DBAPIError as exc:
@@ -136,10 +142,6 @@ async def _cancel_async(source: Any, tables: QueueTables, ids: list[int]) -> dic
 #: Longest wait, in seconds, of a cancel for a row lock (workers hold theirs for
 #: milliseconds; only a transaction of the caller's own would hold one for good).
 CANCEL_LOCK_TIMEOUT = 10
-
-
-def _lock_timeout_sql() -> str:
-    return f"SET LOCAL lock_timeout = '{float(CANCEL_LOCK_TIMEOUT)}s'"
 
 
 def _blocked(exc: DBAPIError, ids: list[int]) -> Exception:
@@ -168,18 +170,6 @@ def check_timeout(timeout: object) -> float | None:
     return check_delay("timeout", timeout)
 
 
-@dataclass
-class Wait:
-    """The flow asks its driver to wait up to ``seconds`` for a notification of ``job_id``
-    (or just to sleep, without LISTEN); it is sent back whether one came."""
-
-    seconds: float
-
-
-#: One step of :func:`result_flow`: a statement to run (its rows are sent back) or a wait.
-ResultStep = tuple[Any, dict[str, Any]] | Wait
-
-
 def result_flow(
     tables: QueueTables,
     job_id: int,
@@ -187,21 +177,23 @@ def result_flow(
     timeout: float | None,
     listening: bool,
     clock: Callable[[], float] = time.monotonic,
-) -> Generator[ResultStep, Any, Any]:
+) -> Flow[Any]:
     """Wait for job ``job_id`` to finish; its result, or the exception that says why not.
 
-    Without I/O: yields statements (and is sent their rows) and :class:`Wait` steps (and is
-    sent whether a notification came). ``listening`` says whether the driver LISTENs on the
-    queue's ``finished_channel``; without it, the reads back off from 50 ms to a second.
+    Without I/O: yields statements (and is sent their rows) and
+    :class:`~sqla_queue.conversation.Wait` steps, after each of which it reads the job
+    again, whether a notification ended the wait or its time ran out. ``listening`` says
+    whether the driver LISTENs on the queue's ``finished_channel``; without it, the reads
+    back off from 50 ms to a second.
     """
     deadline = None if timeout is None else clock() + timeout
     # How a timeout reads in its error ("30 s"); without a timeout there is no such error.
     waited = "" if timeout is None else format_duration(timeout)
     params: JobParams = {"job_id": job_id}
-    yield await_statement(tables), dict(params)
+    yield from _tolerant(await_statement(tables), params)
     poll = LISTEN_POLL if listening else POLL_FIRST
     while True:
-        rows = yield job_outcome_statement(tables), dict(params)
+        rows = yield from _tolerant(job_outcome_statement(tables), params)
         if not rows:
             raise JobNotFoundError(
                 f"no job has id {job_id}: never enqueued, pruned, or enqueued in a "
@@ -245,9 +237,14 @@ def is_async_source(source: object) -> bool:
     return isinstance(source, AsyncEngine | AsyncConnection | AsyncSession | async_sessionmaker)
 
 
-def _listen_sql(tables: QueueTables) -> str:
-    channel = tables.finished_channel.replace('"', '""')
-    return f'LISTEN "{channel}"'
+def _tolerant(statement: Executable, params: Mapping[str, Any]) -> Flow[Sequence[Any]]:
+    """The rows of one statement of :func:`result_flow`; none if it failed because the
+    job's row moved meanwhile (see :func:`_moved_meanwhile`), any other error raised."""
+    try:
+        rows = yield statement, dict(params)
+    except DBAPIError as exc:
+        return _moved_meanwhile(exc)
+    return rows
 
 
 def _moved_meanwhile(exc: DBAPIError) -> list[Any]:
@@ -277,29 +274,22 @@ def wait_sync(source: Any, tables: QueueTables, job_id: int, timeout: float | No
         driver = connection.connection.driver_connection
         listening = hasattr(driver, "notifies")
         if listening:
-            connection.exec_driver_sql(_listen_sql(tables))
+            connection.exec_driver_sql(listen_sql(tables))
         try:
             flow = result_flow(tables, job_id, timeout=timeout, listening=listening)
-            reply: Any = None
-            while True:
-                try:
-                    step = flow.send(reply)
-                except StopIteration as done:
-                    return done.value
-                if isinstance(step, Wait):
-                    reply = _notified_sync(driver, job_id, step.seconds, listening)
-                else:
-                    statement, params = step
-                    try:
-                        reply = connection.execute(statement, params).all()
-                    except DBAPIError as exc:
-                        reply = _moved_meanwhile(exc)
+            return drive(
+                connection,
+                flow,
+                wait=functools.partial(_notified_sync, driver, job_id, listening=listening),
+            )
         finally:
             if listening:
-                connection.exec_driver_sql("UNLISTEN *")
+                connection.exec_driver_sql(UNLISTEN_ALL)
 
 
-def _notified_sync(driver: Any, job_id: int, seconds: float, listening: bool) -> bool:
+def _notified_sync(driver: Any, job_id: int, seconds: float, *, listening: bool) -> bool:
+    """Wait up to ``seconds`` for a notification of ``job_id`` (or just sleep, without
+    LISTEN); whether one came."""
     if not listening:
         time.sleep(seconds)
         return False
@@ -321,29 +311,21 @@ async def wait_async(source: Any, tables: QueueTables, job_id: int, timeout: flo
         driver = raw.driver_connection
         listening = hasattr(driver, "notifies")
         if listening:
-            await connection.exec_driver_sql(_listen_sql(tables))
+            await connection.exec_driver_sql(listen_sql(tables))
         try:
             flow = result_flow(tables, job_id, timeout=timeout, listening=listening)
-            reply: Any = None
-            while True:
-                try:
-                    step = flow.send(reply)
-                except StopIteration as done:
-                    return done.value
-                if isinstance(step, Wait):
-                    reply = await _notified_async(driver, job_id, step.seconds, listening)
-                else:
-                    statement, params = step
-                    try:
-                        reply = (await connection.execute(statement, params)).all()
-                    except DBAPIError as exc:
-                        reply = _moved_meanwhile(exc)
+            return await drive_async(
+                connection,
+                flow,
+                wait=functools.partial(_notified_async, driver, job_id, listening=listening),
+            )
         finally:
             if listening:
-                await connection.exec_driver_sql("UNLISTEN *")
+                await connection.exec_driver_sql(UNLISTEN_ALL)
 
 
-async def _notified_async(driver: Any, job_id: int, seconds: float, listening: bool) -> bool:
+async def _notified_async(driver: Any, job_id: int, seconds: float, *, listening: bool) -> bool:
+    """:func:`_notified_sync`, awaiting."""
     if not listening:
         await asyncio.sleep(seconds)
         return False

@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, Text, and_, cast, inspect, literal
+from sqlalchemy import ColumnElement, Select, Table, Text, and_, cast, inspect, literal, select
 from sqlalchemy.exc import NoInspectionAvailable
 from sqlalchemy.orm import Mapper, Relationship, foreign, relationship, remote
 
@@ -30,6 +30,7 @@ __all__ = [
     "about_condition",
     "about_reference",
     "about_relationship",
+    "jobs_about",
     "table_name_of",
 ]
 
@@ -147,6 +148,12 @@ def about_condition(job: Any, about: object) -> ColumnElement[bool]:
         return job.about_table == table_name_of(about)  # type: ignore[no-any-return]
     table, key = about_reference(about)
     return and_(job.about_table == table, job.about_key == key)
+
+
+def jobs_about(job: Any, about: object) -> Select[Any]:
+    """``select(job)`` of the jobs about ``about`` (see :func:`about_condition`): add
+    filters and order as with any select (``Queue.jobs_about``)."""
+    return select(job).where(about_condition(job, about))
 
 
 def _is_mapped_class(cls: type) -> bool:

@@ -17,7 +17,8 @@ from typing import Any
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from sqla_queue.admin import BIGINT_MAX, check_job_ids
+from sqla_queue.admin import check_job_ids
+from sqla_queue.checks import check_row_limit
 from sqla_queue.logic.payload import text_problem
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements.listing import JOB_STATES, JobListingParams, job_listing_statement
@@ -56,12 +57,6 @@ class JobRow:
             value = getattr(self, name)
             values[name] = value.isoformat() if isinstance(value, dt.datetime) else value
         return values
-
-
-def _check_limit(limit: object) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"the number of jobs to list must be at least 1, got {limit!r}")
-    return min(limit, BIGINT_MAX)
 
 
 def _text(option: str, value: object) -> str:
@@ -115,7 +110,7 @@ def list_jobs(
         if value is not None:
             _text(option, value)
     id_list = check_job_ids(ids)
-    params: JobListingParams = {"limit": _check_limit(limit)}
+    params: JobListingParams = {"limit": check_row_limit("the number of jobs to list", limit)}
     if task_list:
         params["tasks"] = task_list
     if key is not None:

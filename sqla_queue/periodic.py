@@ -1,6 +1,7 @@
 """Periodic schedules: when each tick falls, and which ticks to enqueue after a gap.
 
-Everything here is pure: no I/O and no clock of its own. The worker's scheduler
+Everything here is pure, no I/O and no clock of its own, apart from
+:func:`read_schedules`, which reads the stored schedules for a listing. The worker's scheduler
 (:mod:`sqla_queue.worker.scheduler`) reads the database clock and each schedule's last
 tick, asks :func:`plan_ticks` what to enqueue, and lets the database decide which worker
 does it (a compare-and-set on the schedule's row, see :mod:`sqla_queue.statements.periodic`).
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import numbers
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,11 +29,16 @@ from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
 
 from sqla_queue._durations import format_duration
 from sqla_queue._identifiers import validate_task_name
+from sqla_queue.checks import is_whole_number
 from sqla_queue.errors import InvalidIdentifierError
 from sqla_queue.logic.payload import check_storable, make_payload
+from sqla_queue.models.tables import QueueTables
+from sqla_queue.statements.periodic import all_schedules_statement, database_now_statement
 
 if TYPE_CHECKING:
     from sqla_queue.task import Task
@@ -52,6 +57,7 @@ __all__ = [
     "latest_tick",
     "next_tick",
     "plan_ticks",
+    "read_schedules",
     "ticks_between",
 ]
 
@@ -188,7 +194,7 @@ class Schedule:
                 f"got {self.catch_up!r}"
             )
         limit = self.catch_up_limit
-        if isinstance(limit, bool) or not isinstance(limit, numbers.Integral):
+        if not is_whole_number(limit):
             raise TypeError(f"catch_up_limit must be a whole number (int), got {limit!r}")
         if not 1 <= int(limit) <= MAX_CATCH_UP_LIMIT:
             raise ValueError(
@@ -446,3 +452,49 @@ class ScheduleState:
             "next_tick": self.next_tick.isoformat() if self.next_tick else None,
             "registered": self.registered,
         }
+
+
+def read_schedules(
+    session: Session | Connection, tables: QueueTables, schedules: Mapping[str, Schedule]
+) -> list[ScheduleState]:
+    """Every schedule with its last tick (from the database) and its next one, by name.
+
+    The registered ``schedules`` come first; a row stored by a schedule this code no
+    longer registers follows, with ``registered=False`` (its row stays until deleted
+    by hand; a schedule registered again under its name goes on from its last tick).
+    A schedule no worker has run yet has ``last_tick=None`` and its next tick after now.
+    Reads on ``session``'s transaction; writes nothing.
+    """
+    now = session.execute(database_now_statement()).scalar_one()
+    stored = {
+        row_name: (row_task, last)
+        for row_name, row_task, last in session.execute(all_schedules_statement(tables))
+    }
+    states: list[ScheduleState] = []
+    for schedule_name in sorted(schedules):
+        entry = schedules[schedule_name]
+        last = stored[schedule_name][1] if schedule_name in stored else None
+        states.append(
+            ScheduleState(
+                name=schedule_name,
+                task=entry.task,
+                schedule=entry.describe,
+                catch_up=entry.catch_up,
+                last_tick=last,
+                next_tick=next_tick(entry, last if last is not None else now),
+            )
+        )
+    for row_name, (row_task, last) in stored.items():
+        if row_name not in schedules:
+            states.append(
+                ScheduleState(
+                    name=row_name,
+                    task=row_task,
+                    schedule="-",
+                    catch_up="-",
+                    last_tick=last,
+                    next_tick=None,
+                    registered=False,
+                )
+            )
+    return states

@@ -9,30 +9,27 @@ enqueue entry point takes (with ``Unpack``); :class:`EnqueueOptions` is their va
 form, with ``delay`` in seconds.
 
 Every value is checked here, where it enters, against what the database and every worker
-can hold (see the bounds below), so that a bad one fails at the call with an error naming
-the option and the rule, before anything is written: it never reaches the database as a
-``DataError`` that aborts the caller's transaction, nor a worker as a row it cannot load.
-The checks of the other settings (``@queue.task``, ``Queue(...)``) use the same helpers.
+can hold, so that a bad one fails at the call with an error naming the option and the
+rule, before anything is written: it never reaches the database as a ``DataError`` that
+aborts the caller's transaction, nor a worker as a row it cannot load. The generic number
+and duration checks, which the other settings (``@queue.task``, ``Queue(...)``) share, are
+in :mod:`sqla_queue.checks`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import numbers
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict, Unpack
 
+from sqla_queue.checks import INT4_MIN, check_seconds, check_whole_number, described
 from sqla_queue.errors import PayloadNotSerializableError
 from sqla_queue.links import AboutRef, about_reference
 from sqla_queue.logic.payload import text_problem
-from sqla_queue.logic.times import check_delay, check_due_time, check_seconds
+from sqla_queue.logic.times import check_delay, check_due_time
 
 __all__ = [
-    "INT4_MAX",
-    "INT4_MIN",
-    "INT8_MAX",
-    "INT8_MIN",
     "MAX_QUEUE_ID",
     "MAX_WAIT_IF_FULL",
     "ON_DUPLICATE",
@@ -47,56 +44,19 @@ __all__ = [
     "check_queue_id",
     "check_unique_scope",
     "check_wait_if_full",
-    "check_whole_number",
     "make_enqueue_options",
 ]
-
-#: The range of a PostgreSQL ``integer`` column (priority, max_attempts, reclaims, ...).
-INT4_MIN = -(2**31)
-INT4_MAX = 2**31 - 1
-#: The range of a PostgreSQL ``bigint`` (job ids, and the ``LIMIT`` of a statement).
-INT8_MIN = -(2**63)
-INT8_MAX = 2**63 - 1
 
 #: The longest ``queue_id``, in characters: the key is indexed, and a PostgreSQL btree
 #: entry must stay under 2,704 bytes (512 characters are at most 2,048 bytes of UTF-8).
 MAX_QUEUE_ID = 512
 
 
-def _described(value: object) -> str:
-    return f"{value!r} ({type(value).__name__})"
-
-
-def check_whole_number(option: str, value: object, low: int, high: int | None = INT4_MAX) -> int:
-    """``value`` as an ``int`` if it is a whole number from ``low`` to ``high``, else raise.
-
-    ``TypeError`` for anything but an integer (``True``, ``2.0`` and ``Decimal("2.9")``
-    included); ``ValueError`` outside the range (``high=None``: no upper bound, for a
-    number that never reaches SQL). Both messages name ``option`` and the rule.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{option} must be a whole number (int), got {_described(value)}")
-    number = int(value)
-    if number < low and high in (INT4_MAX, None):
-        raise ValueError(f"{option} must be at least {low}, got {number}")
-    if high is not None and not low <= number <= high:
-        why = _STORED_AS.get(high, "")
-        raise ValueError(f"{option} must be from {low} to {high}{why}, got {number}")
-    return number
-
-
-# Why a bound is what it is, for the messages of check_whole_number.
-_STORED_AS = {
-    INT4_MAX: " (it is stored as a PostgreSQL integer)",
-    INT8_MAX: " (it is a PostgreSQL bigint)",
-}
-
-
 def check_key_text(option: str, value: object) -> str:
     """``value`` if it can be a key (``queue_id``, ``unique_key``): a non-empty string that
     PostgreSQL can index (at most :data:`MAX_QUEUE_ID` characters, no NUL)."""
     if not isinstance(value, str):
-        raise TypeError(f"{option} must be a non-empty string, got {_described(value)}")
+        raise TypeError(f"{option} must be a non-empty string, got {described(value)}")
     if not value:
         raise ValueError(f"{option} must be a non-empty string, got ''")
     if len(value) > MAX_QUEUE_ID:

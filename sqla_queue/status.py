@@ -40,16 +40,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from sqla_queue.logic.times import check_seconds
+from sqla_queue.checks import INT8_MAX, check_seconds, check_whole_number
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.spec import INT8_MAX, check_whole_number
 from sqla_queue.statements.planner import planner_guard
 from sqla_queue.statements.status import (
     LiveWorkersParams,
+    clock_statement,
     execution_counts_statement,
     failed_window_statement,
     finished_window_statement,
@@ -277,7 +276,7 @@ def read_status(
         "live_within", live_within, maximum=MAX_LIVE_WITHIN, positive=True, timedelta=True
     )
     connection = bind.connection() if isinstance(bind, Session) else bind
-    now: dt.datetime = connection.execute(select(func.now())).scalar_one()
+    now: dt.datetime = connection.execute(clock_statement()).scalar_one()
     counts = {row.task: row for row in connection.execute(execution_counts_statement(tables))}
     with _index_walks_only(connection):
         held = {

@@ -11,17 +11,16 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
+from sqla_queue.checks import INT4_MIN, check_seconds, check_whole_number
 from sqla_queue.enqueue import Enqueuer
 from sqla_queue.logic.backoff import RetryPolicy
-from sqla_queue.logic.times import MAX_LOST_INTERVAL, check_seconds
+from sqla_queue.logic.times import MAX_LOST_INTERVAL
 from sqla_queue.spec import (
-    INT4_MIN,
     OPTION_NAMES,
     EnqueueKwargs,
     EnqueueOptions,
     JobSpec,
     check_keywords,
-    check_whole_number,
     make_enqueue_options,
 )
 

@@ -2,7 +2,7 @@
 
 The database decides who holds a key (see :mod:`sqla_queue.statements.unique`); this
 module only plans around its answer, without I/O. :func:`unique_enqueue_flow` is one
-:data:`~sqla_queue._binds.Flow` for both faces:
+:data:`~sqla_queue.conversation.Flow` for both faces:
 
 1. duplicates inside the call are settled first, by the later call's ``on_duplicate``;
 2. every key is locked (taken if free) in one statement;
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqla_queue._binds import Flow
+from sqla_queue.conversation import Flow
 from sqla_queue.errors import DuplicateJobError
 from sqla_queue.logic.payload import check_storable, encode_json, make_payload
 from sqla_queue.models.tables import QueueTables, UniqueScope

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any
 
 from sqla_queue.cli.render import TASK_WIDTH, Cell, Column, format_time, print_table
+from sqla_queue.cli.scaffold import EXIT_OK, Subparsers, add_command, connected, print_json
 
 __all__ = ["DAEMONS_HELP", "add_daemons_parser", "run_daemons"]
 
@@ -30,18 +30,16 @@ exit status:
   2  a usage error (nothing was done)"""
 
 
-def add_daemons_parser(sub: argparse._SubParsersAction[Any]) -> None:
+def add_daemons_parser(sub: Subparsers) -> None:
     """Add the ``daemons`` sub-command to the ``sqla-queue`` parser's sub-parsers."""
-    from sqla_queue.cli.main import _add_json, _add_target
-
-    daemons = sub.add_parser(
+    add_command(
+        sub,
         "daemons",
-        help="list daemon instances with their worker, lease and restarts",
+        run_daemons,
+        summary="list daemon instances with their worker, lease and restarts",
         description=DAEMONS_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        json=True,
     )
-    _add_target(daemons)
-    _add_json(daemons)
 
 
 def run_daemons(args: argparse.Namespace) -> int:
@@ -50,15 +48,8 @@ def run_daemons(args: argparse.Namespace) -> int:
     Returns the exit status (0); a usage or database error is raised for ``main`` to
     report, as for every other command.
     """
-    from sqla_queue.cli.main import EXIT_OK, _engine, _print_json, _target
-
-    queue, url = _target(args)
-    engine = _engine(url)
-    try:
-        with engine.connect() as connection:
-            rows = queue.daemon_status(connection)
-    finally:
-        engine.dispose()
+    with connected(args) as (queue, connection):
+        rows = queue.daemon_status(connection)
     declared = {name: spec.instances for name, spec in queue.daemons.items()}
     seen = {(row.name, row.instance) for row in rows}
     never = [
@@ -76,7 +67,7 @@ def run_daemons(args: argparse.Namespace) -> int:
             {"name": name, "instance": number, "running": False, "registered": True}
             for name, number in never
         ]
-        _print_json(listed)
+        print_json(listed)
         return EXIT_OK
     table: list[Sequence[Cell]] = [
         (

@@ -8,6 +8,11 @@ import os
 import sys
 from typing import Any
 
+from sqlalchemy import text
+
+from sqla_queue.cli.loading import CliError
+from sqla_queue.cli.scaffold import EXIT_OK, Subparsers, add_command, engine_of
+
 __all__ = ["DASHBOARD_HELP", "add_dashboard_parser", "run_dashboard"]
 
 DASHBOARD_HELP = """\
@@ -27,17 +32,15 @@ exit status:
 SECRET_ENV = "SQLA_QUEUE_DASHBOARD_SECRET"
 
 
-def add_dashboard_parser(sub: argparse._SubParsersAction[Any]) -> None:
+def add_dashboard_parser(sub: Subparsers) -> None:
     """Add the ``dashboard`` sub-command."""
-    from sqla_queue.cli.main import _add_target
-
-    parser = sub.add_parser(
+    parser = add_command(
+        sub,
         "dashboard",
-        help="serve the web dashboard (read-only unless --auth is given)",
+        run_dashboard,
+        summary="serve the web dashboard (read-only unless --auth is given)",
         description=DASHBOARD_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_target(parser)
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)"
     )
@@ -54,8 +57,6 @@ def add_dashboard_parser(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def _load_callable(path: str) -> Any:
-    from sqla_queue.cli.loading import CliError
-
     module_name, sep, attribute = path.partition(":")
     if not sep or not module_name or not attribute:
         raise CliError(f"--auth expects MODULE:CALLABLE such as myapp.auth:is_admin, got {path!r}")
@@ -77,12 +78,8 @@ def _load_callable(path: str) -> Any:
 
 def run_dashboard(args: argparse.Namespace) -> int:
     """Run ``sqla-queue dashboard APP``: serve until interrupted; returns the exit status."""
-    from sqlalchemy import text
-
-    from sqla_queue.cli.loading import CliError
-    from sqla_queue.cli.main import EXIT_OK, _engine, _target
-
     try:
+        # The dashboard extra (starlette, uvicorn): loaded only for this command.
         import uvicorn
 
         from sqla_queue.dashboard import create_dashboard
@@ -94,10 +91,8 @@ def run_dashboard(args: argparse.Namespace) -> int:
         raise CliError(f"--port must be from 1 to 65535, got {args.port}")
     if args.pool_size < 1:
         raise CliError(f"--pool-size must be at least 1, got {args.pool_size}")
-    queue, url = _target(args)
-    auth = _load_callable(args.auth) if args.auth else None
-    engine = _engine(url, pool_size=args.pool_size, max_overflow=0)
-    try:
+    with engine_of(args, pool_size=args.pool_size, max_overflow=0) as (queue, engine):
+        auth = _load_callable(args.auth) if args.auth else None
         # Fail here, with the CLI's message, rather than on the first page view.
         with engine.connect() as connection:
             connection.execute(text("SELECT 1"))
@@ -110,6 +105,4 @@ def run_dashboard(args: argparse.Namespace) -> int:
         mode = "actions allowed by --auth" if auth is not None else "read-only"
         print(f"sqla-queue dashboard on http://{args.host}:{args.port}/ ({mode})", flush=True)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-    finally:
-        engine.dispose()
     return EXIT_OK

@@ -4,9 +4,18 @@ and list them (see :mod:`sqla_queue.history`)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from sqla_queue.cli.render import Column, format_time, print_table, say
+from sqla_queue.cli.scaffold import (
+    EXIT_OK,
+    Subparsers,
+    add_command,
+    add_json,
+    connected,
+    print_json,
+)
+from sqla_queue.cli.values import whole_number
+from sqla_queue.history import history_partitions, maintain_history
 
 __all__ = ["MAINTAIN_HELP", "add_maintain_parser", "run_maintain"]
 
@@ -23,20 +32,18 @@ exit status:
   2  a usage error, or a queue whose history is not partitioned (nothing was done)"""
 
 
-def add_maintain_parser(sub: argparse._SubParsersAction[Any]) -> None:
+def add_maintain_parser(sub: Subparsers) -> None:
     """Add the ``maintain`` sub-command to the ``sqla-queue`` parser's sub-parsers."""
-    from sqla_queue.cli.main import _add_json, _add_target, _whole_number
-
-    maintain = sub.add_parser(
+    maintain = add_command(
+        sub,
         "maintain",
-        help="create history partitions ahead of time (partitioned history)",
+        run_maintain,
+        summary="create history partitions ahead of time (partitioned history)",
         description=MAINTAIN_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_target(maintain)
     maintain.add_argument(
         "--ahead",
-        type=_whole_number(0, 1000, "a number of intervals"),
+        type=whole_number(0, 1000, "a number of intervals"),
         default=3,
         help="intervals to prepare past the current one (default 3)",
     )
@@ -46,29 +53,19 @@ def add_maintain_parser(sub: argparse._SubParsersAction[Any]) -> None:
         help="also create past partitions for the jobs of the default partitions (at most "
         "400 per run: run again until nothing is created)",
     )
-    _add_json(maintain)
+    add_json(maintain)
 
 
 def run_maintain(args: argparse.Namespace) -> int:
     """Run ``sqla-queue maintain``: create the partitions, print what was done and the list."""
-    from sqla_queue.cli.loading import CliError
-    from sqla_queue.cli.main import EXIT_OK, _engine, _print_json, _target
-    from sqla_queue.history import history_partitions, maintain_history
-
-    queue, url = _target(args)
-    engine = _engine(url)
-    try:
-        with engine.begin() as connection:
-            report = maintain_history(
-                connection, queue.tables, ahead=args.ahead, backfill=args.backfill
-            )
-            partitions = history_partitions(connection, queue.tables)
-    except ValueError as exc:  # a queue whose history is not partitioned: nothing was done
-        raise CliError(str(exc)) from None
-    finally:
-        engine.dispose()
+    # A ValueError: a queue whose history is not partitioned, and nothing was done.
+    with connected(args, begin=True, refusals=(ValueError,)) as (queue, connection):
+        report = maintain_history(
+            connection, queue.tables, ahead=args.ahead, backfill=args.backfill
+        )
+        partitions = history_partitions(connection, queue.tables)
     if args.json:
-        _print_json(
+        print_json(
             {
                 "created": list(report.created),
                 "moved": report.moved,

@@ -8,30 +8,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from sqla_queue.admin import BIGINT_MAX
+from sqla_queue.admin import failed_jobs
+from sqla_queue.checks import INT8_MAX
 from sqla_queue.cli.loading import CliError
-from sqla_queue.cli.main import (
-    COMMON_EXITS,
-    EXIT_CANCELLED,
-    EXIT_FAILED,
-    EXIT_FINISHED,
-    EXIT_INTERRUPTED,
-    EXIT_NOT_FOUND,
-    EXIT_OK,
-    EXIT_TIMEOUT,
-    _about,
-    _add_json,
-    _add_target,
-    _engine,
-    _iso,
-    _non_empty,
-    _print_json,
-    _states,
-    _target,
-    _timeout,
-    _whole_number,
-    parse_duration,
-)
 from sqla_queue.cli.render import (
     TASK_WIDTH,
     Cell,
@@ -43,12 +22,38 @@ from sqla_queue.cli.render import (
     print_table,
     say,
 )
+from sqla_queue.cli.scaffold import (
+    COMMON_EXITS,
+    EXIT_CANCELLED,
+    EXIT_FAILED,
+    EXIT_FINISHED,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    Subparsers,
+    add_command,
+    add_json,
+    connected,
+    engine_of,
+    iso,
+    print_json,
+)
+from sqla_queue.cli.values import (
+    about_row,
+    job_states,
+    non_empty,
+    parse_duration,
+    timeout,
+    whole_number,
+)
 from sqla_queue.errors import (
     JobCancelledError,
     JobFailedError,
     JobNotFoundError,
     ResultTimeoutError,
 )
+from sqla_queue.history import prune_history
 from sqla_queue.listing import JobRow, list_jobs
 from sqla_queue.statements.lifecycle import CancelOutcome
 
@@ -62,8 +67,6 @@ __all__ = [
     "run_requeue",
     "run_result",
 ]
-
-_RAW = argparse.RawDescriptionHelpFormatter
 
 FAILED_HELP = f"""\
 List failed jobs, the most recently failed first, at most --limit of them: id, task,
@@ -136,47 +139,47 @@ exit status:
 {COMMON_EXITS}"""
 
 
-def add_job_parsers(sub: argparse._SubParsersAction[Any]) -> None:
+def add_job_parsers(sub: Subparsers) -> None:
     """Add ``failed``, ``jobs``, ``cancel``, ``result``, ``requeue`` and ``prune``."""
-    failed = sub.add_parser(
+    failed = add_command(
+        sub,
         "failed",
-        help="list failed jobs, newest first",
+        run_failed,
+        summary="list failed jobs, newest first",
         description=FAILED_HELP,
-        formatter_class=_RAW,
     )
-    _add_target(failed)
     failed.add_argument(
-        "--limit", type=_whole_number(1, BIGINT_MAX, "--limit"), default=20, help="at most N"
+        "--limit", type=whole_number(1, INT8_MAX, "--limit"), default=20, help="at most N"
     )
-    _add_json(failed)
+    add_json(failed)
     _add_jobs_parser(sub)
-    ids = _whole_number(1, BIGINT_MAX, "a job id")
-    cancel = sub.add_parser(
+    ids = whole_number(1, INT8_MAX, "a job id")
+    cancel = add_command(
+        sub,
         "cancel",
-        help="cancel jobs: queued ones never start, running ones are asked to stop",
+        run_cancel,
+        summary="cancel jobs: queued ones never start, running ones are asked to stop",
         description=CANCEL_HELP,
-        formatter_class=_RAW,
     )
-    _add_target(cancel)
     cancel.add_argument("ids", nargs="+", type=ids, help="job ids")
     cancel.add_argument("--json", action="store_true", help="print the outcomes as JSON")
     _add_result_parser(sub)
-    requeue = sub.add_parser(
+    requeue = add_command(
+        sub,
         "requeue",
-        help="run failed or cancelled jobs again",
+        run_requeue,
+        summary="run failed or cancelled jobs again",
         description=REQUEUE_HELP,
-        formatter_class=_RAW,
     )
-    _add_target(requeue)
     requeue.add_argument("ids", nargs="+", type=ids, help="job ids")
     requeue.add_argument("--json", action="store_true", help="print the outcomes as JSON")
-    prune = sub.add_parser(
+    prune = add_command(
+        sub,
         "prune",
-        help="delete finished jobs older than a given age",
+        run_prune,
+        summary="delete finished jobs older than a given age",
         description=PRUNE_HELP,
-        formatter_class=_RAW,
     )
-    _add_target(prune)
     prune.add_argument(
         "--older-than", type=parse_duration, required=True, help="age such as 7d, 12h, 30m, 90s"
     )
@@ -188,55 +191,55 @@ def add_job_parsers(sub: argparse._SubParsersAction[Any]) -> None:
     )
 
 
-def _add_jobs_parser(sub: argparse._SubParsersAction[Any]) -> None:
-    jobs = sub.add_parser(
+def _add_jobs_parser(sub: Subparsers) -> None:
+    jobs = add_command(
+        sub,
         "jobs",
-        help="list jobs, newest first, by task, state, key or linked row",
+        run_jobs,
+        summary="list jobs, newest first, by task, state, key or linked row",
         description=JOBS_HELP,
-        formatter_class=_RAW,
     )
-    _add_target(jobs)
     jobs.add_argument(
-        "--task", action="append", type=_non_empty("--task"), help="only this task (repeatable)"
+        "--task", action="append", type=non_empty("--task"), help="only this task (repeatable)"
     )
     jobs.add_argument(
         "--status",
         action="append",
-        type=_states,
+        type=job_states,
         metavar="STATE",
         help="only jobs in this state; repeatable, or comma-separated (failed,cancelled)",
     )
     jobs.add_argument(
-        "--key", type=_non_empty("--key"), help="only jobs whose unique_key or queue_id is KEY"
+        "--key", type=non_empty("--key"), help="only jobs whose unique_key or queue_id is KEY"
     )
     jobs.add_argument(
         "--about",
-        type=_about,
+        type=about_row,
         metavar="TABLE[:KEY]",
         help="only jobs linked to this row (orders:42), or to any row of TABLE",
     )
     jobs.add_argument(
         "--limit",
-        type=_whole_number(1, BIGINT_MAX, "--limit"),
+        type=whole_number(1, INT8_MAX, "--limit"),
         default=20,
         metavar="N",
         help="at most N jobs (default 20)",
     )
-    _add_json(jobs)
+    add_json(jobs)
 
 
-def _add_result_parser(sub: argparse._SubParsersAction[Any]) -> None:
-    result = sub.add_parser(
+def _add_result_parser(sub: Subparsers) -> None:
+    result = add_command(
+        sub,
         "result",
-        help="wait for a job to finish and print its result as JSON",
+        run_result,
+        summary="wait for a job to finish and print its result as JSON",
         description=RESULT_HELP,
-        formatter_class=_RAW,
     )
-    _add_target(result)
-    result.add_argument("id", type=_whole_number(1, BIGINT_MAX, "a job id"), help="the job id")
+    result.add_argument("id", type=whole_number(1, INT8_MAX, "a job id"), help="the job id")
     result.add_argument(
         "--timeout",
-        type=_timeout,
+        type=timeout,
         default=30.0,
         help="longest wait: 30s (default), 5m, 0 (look once) or none (no limit)",
     )
@@ -278,25 +281,18 @@ _FAILED_COLUMNS = (
 
 def run_failed(args: argparse.Namespace) -> int:
     """Run ``sqla-queue failed APP``; returns the exit status."""
-    from sqla_queue.admin import failed_jobs
-
-    queue, url = _target(args)
-    engine = _engine(url)
-    try:
-        with engine.connect() as connection:
-            rows = failed_jobs(connection, queue.tables, limit=args.limit)
-            # The allowed attempts, which the failed listing does not carry.
-            listed = _rows_by_id(connection, queue, [row.id for row in rows])
-    finally:
-        engine.dispose()
+    with connected(args) as (queue, connection):
+        rows = failed_jobs(connection, queue.tables, limit=args.limit)
+        # The allowed attempts, which the failed listing does not carry.
+        listed = _rows_by_id(connection, queue, [row.id for row in rows])
     if args.json:
-        _print_json(
+        print_json(
             [
                 {
                     "id": row.id,
                     "task": row.task,
                     "attempts": row.attempts,
-                    "finished_at": _iso(row.finished_at),
+                    "finished_at": iso(row.finished_at),
                     "last_error": row.last_error,
                 }
                 for row in rows
@@ -335,26 +331,21 @@ _JOB_COLUMNS = (
 
 def run_jobs(args: argparse.Namespace) -> int:
     """Run ``sqla-queue jobs APP``; returns the exit status."""
-    queue, url = _target(args)
     about_table, about_key = args.about if args.about else (None, None)
     states = [state for group in args.status or [] for state in group]
-    engine = _engine(url)
-    try:
-        with engine.connect() as connection:
-            rows = list_jobs(
-                connection,
-                queue.tables,
-                limit=args.limit,
-                tasks=args.task or [],
-                states=states,
-                key=args.key,
-                about_table=about_table,
-                about_key=about_key,
-            )
-    finally:
-        engine.dispose()
+    with connected(args) as (queue, connection):
+        rows = list_jobs(
+            connection,
+            queue.tables,
+            limit=args.limit,
+            tasks=args.task or [],
+            states=states,
+            key=args.key,
+            about_table=about_table,
+            about_key=about_key,
+        )
     if args.json:
-        _print_json([row.as_json() for row in rows])
+        print_json([row.as_json() for row in rows])
         return EXIT_OK
     table: list[Sequence[Cell]] = [
         (
@@ -387,10 +378,8 @@ _CANCEL_WORDS = {
 
 def run_cancel(args: argparse.Namespace) -> int:
     """Run ``sqla-queue cancel APP ID...``; returns the exit status."""
-    queue, url = _target(args)
     ids = list(dict.fromkeys(args.ids))
-    engine = _engine(url)
-    try:
+    with engine_of(args) as (queue, engine):
         # The cancel commits on a connection of its own; the statuses are read after it.
         outcomes = queue.cancel(engine, ids)
         finished = [job_id for job_id in ids if outcomes[job_id] == CancelOutcome.FINISHED]
@@ -399,10 +388,8 @@ def run_cancel(args: argparse.Namespace) -> int:
             with engine.connect() as connection:
                 rows = _rows_by_id(connection, queue, finished)
             statuses = {job_id: row.status for job_id, row in rows.items()}
-    finally:
-        engine.dispose()
     if args.json:
-        _print_json(
+        print_json(
             [
                 {"id": job_id, "outcome": outcomes[job_id]}
                 | ({"status": statuses[job_id]} if job_id in statuses else {})
@@ -444,19 +431,14 @@ _REQUEUE_WORDS = {"requeued": "requeued", "not_found": "not_found (no job has th
 
 def run_requeue(args: argparse.Namespace) -> int:
     """Run ``sqla-queue requeue APP ID...``; returns the exit status."""
-    queue, url = _target(args)
     ids = list(dict.fromkeys(args.ids))
-    engine = _engine(url)
-    try:
-        with engine.begin() as connection:
-            report = queue.requeue(connection, ids)
-            requeued, refused = set(report), report.refused
-            left = _rows_by_id(connection, queue, [i for i in ids if i not in requeued])
-    finally:
-        engine.dispose()
+    with connected(args, begin=True) as (queue, connection):
+        report = queue.requeue(connection, ids)
+        requeued, refused = set(report), report.refused
+        left = _rows_by_id(connection, queue, [i for i in ids if i not in requeued])
     outcomes = [_requeue_outcome(job_id, requeued, refused, left) for job_id in ids]
     if args.json:
-        _print_json(outcomes)
+        print_json(outcomes)
     else:
         for entry in outcomes:
             shown = _REQUEUE_WORDS.get(entry["outcome"]) or f"left alone ({entry['reason']})"
@@ -486,35 +468,32 @@ def _failure_detail(queue: Any, engine: Any, exc: JobFailedError) -> str:
 
 def run_result(args: argparse.Namespace) -> int:
     """Run ``sqla-queue result APP ID``; returns the exit status."""
-    queue, url = _target(args)
     job_id = args.id
-    engine = _engine(url)
     report: dict[str, Any] = {"id": job_id}
-    try:
-        value = queue.result(engine, job_id, timeout=args.timeout)
-    except JobFailedError as exc:
-        status, report["outcome"], report["error"] = EXIT_FAILED, "failed", exc.error
-        detail = str(exc) if args.json else _failure_detail(queue, engine, exc)
-    except JobCancelledError as exc:
-        status, report["outcome"], detail = EXIT_CANCELLED, "cancelled", str(exc)
-    except ResultTimeoutError as exc:
-        status, report["outcome"], detail = EXIT_TIMEOUT, "timeout", str(exc)
-    except JobNotFoundError as exc:
-        status, report["outcome"], detail = EXIT_NOT_FOUND, "not_found", str(exc)
-    except KeyboardInterrupt:
-        say(f"sqla-queue: interrupted while waiting for job {job_id}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    else:
-        if args.json:
-            _print_json({"id": job_id, "outcome": "succeeded", "result": value})
+    with engine_of(args) as (queue, engine):
+        try:
+            value = queue.result(engine, job_id, timeout=args.timeout)
+        except JobFailedError as exc:
+            status, report["outcome"], report["error"] = EXIT_FAILED, "failed", exc.error
+            detail = str(exc) if args.json else _failure_detail(queue, engine, exc)
+        except JobCancelledError as exc:
+            status, report["outcome"], detail = EXIT_CANCELLED, "cancelled", str(exc)
+        except ResultTimeoutError as exc:
+            status, report["outcome"], detail = EXIT_TIMEOUT, "timeout", str(exc)
+        except JobNotFoundError as exc:
+            status, report["outcome"], detail = EXIT_NOT_FOUND, "not_found", str(exc)
+        except KeyboardInterrupt:
+            say(f"sqla-queue: interrupted while waiting for job {job_id}", file=sys.stderr)
+            return EXIT_INTERRUPTED
         else:
-            print(json_text(value, indent=None))
-        return EXIT_OK
-    finally:
-        engine.dispose()
+            if args.json:
+                print_json({"id": job_id, "outcome": "succeeded", "result": value})
+            else:
+                print(json_text(value, indent=None))
+            return EXIT_OK
     if args.json:
         report["message"] = detail.splitlines()[0]
-        _print_json(report)
+        print_json(report)
     else:
         say(f"sqla-queue: {detail}", file=sys.stderr)
     return status
@@ -525,30 +504,23 @@ def run_result(args: argparse.Namespace) -> int:
 
 def run_prune(args: argparse.Namespace) -> int:
     """Run ``sqla-queue prune APP --older-than AGE``; returns the exit status."""
-    queue, url = _target(args)
-    engine = _engine(url)
-    try:
-        with engine.begin() as connection:
-            if args.detach:
-                from sqla_queue.history import prune_history
-
-                try:
-                    report = prune_history(
-                        connection,
-                        queue.tables,
-                        older_than=args.older_than,
-                        include_failed=args.include_failed,
-                        detach=True,
-                    )
-                except ValueError as exc:  # --detach on a plain history: nothing was done
-                    raise CliError(str(exc)) from None
-                count = report.jobs
-                say(f"detached {len(report.partitions)} partition(s): {list(report.partitions)}")
-            else:
-                count = queue.prune(
-                    connection, older_than=args.older_than, include_failed=args.include_failed
+    with connected(args, begin=True) as (queue, connection):
+        if args.detach:
+            try:
+                report = prune_history(
+                    connection,
+                    queue.tables,
+                    older_than=args.older_than,
+                    include_failed=args.include_failed,
+                    detach=True,
                 )
-    finally:
-        engine.dispose()
+            except ValueError as exc:  # --detach on a plain history: nothing was done
+                raise CliError(str(exc)) from None
+            count = report.jobs
+            say(f"detached {len(report.partitions)} partition(s): {list(report.partitions)}")
+        else:
+            count = queue.prune(
+                connection, older_than=args.older_than, include_failed=args.include_failed
+            )
     say(f"pruned {count} finished job(s) older than {format_duration(args.older_than)}")
     return EXIT_OK

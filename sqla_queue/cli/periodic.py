@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from sqla_queue.cli.render import Column, format_time, print_table
+from sqla_queue.cli.scaffold import EXIT_OK, Subparsers, add_command, connected, print_json
 
 __all__ = ["PERIODIC_HELP", "add_periodic_parser", "run_periodic"]
 
@@ -30,21 +30,19 @@ exit status:
   2  a usage error (nothing was done)"""
 
 
-def add_periodic_parser(sub: argparse._SubParsersAction[Any]) -> None:
+def add_periodic_parser(sub: Subparsers) -> None:
     """Add the ``periodic`` sub-command to the ``sqla-queue`` parser's sub-parsers.
 
     ``sub`` is what ``add_subparsers()`` returned, whatever its parser class.
     """
-    from sqla_queue.cli.main import _add_json, _add_target
-
-    periodic = sub.add_parser(
+    add_command(
+        sub,
         "periodic",
-        help="list periodic schedules with their last and next tick",
+        run_periodic,
+        summary="list periodic schedules with their last and next tick",
         description=PERIODIC_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        json=True,
     )
-    _add_target(periodic)
-    _add_json(periodic)
 
 
 def run_periodic(args: argparse.Namespace) -> int:
@@ -53,17 +51,10 @@ def run_periodic(args: argparse.Namespace) -> int:
     Returns the exit status (0); a usage or database error is raised for ``main`` to
     report, as for every other command.
     """
-    from sqla_queue.cli.main import EXIT_OK, _engine, _print_json, _target
-
-    queue, url = _target(args)
-    engine = _engine(url)
-    try:
-        with engine.connect() as connection:
-            states = queue.schedules(connection)
-    finally:
-        engine.dispose()
+    with connected(args) as (queue, connection):
+        states = queue.schedules(connection)
     if args.json:
-        _print_json([state.as_json() for state in states])
+        print_json([state.as_json() for state in states])
         return EXIT_OK
     table = [
         (

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from sqla_queue.cli.render import (
     TASK_WIDTH,
@@ -15,11 +17,14 @@ from sqla_queue.cli.render import (
     escape,
     format_duration,
     format_time,
+    json_text,
     make_console,
     table_lines,
     table_width,
     wrap_items,
 )
+from sqla_queue.cli.scaffold import EXIT_OK, Subparsers, add_command, engine_of, print_json
+from sqla_queue.cli.values import seconds, whole_number
 
 if TYPE_CHECKING:
     from rich.console import Console, Group, RenderableType
@@ -87,29 +92,26 @@ exit status:
 _STATEMENT_TIMEOUT = "SET LOCAL statement_timeout = '10s'"
 
 
-def add_status_parsers(sub: argparse._SubParsersAction[Any]) -> None:
+def add_status_parsers(sub: Subparsers) -> None:
     """Add the ``status`` and ``top`` sub-commands."""
-    from sqla_queue.cli.main import _add_json, _add_target, _seconds, _whole_number
-
-    raw = argparse.RawDescriptionHelpFormatter
-    status = sub.add_parser(
+    add_command(
+        sub,
         "status",
-        help="show per-task counts, limits, pauses, throughput and the live workers",
+        run_status,
+        summary="show per-task counts, limits, pauses, throughput and the live workers",
         description=STATUS_HELP,
-        formatter_class=raw,
+        json=True,
     )
-    _add_target(status)
-    _add_json(status)
-    top = sub.add_parser(
+    top = add_command(
+        sub,
         "top",
-        help="a live dashboard of the queue and its workers (Ctrl-C to quit)",
+        run_top,
+        summary="a live dashboard of the queue and its workers (Ctrl-C to quit)",
         description=TOP_HELP,
-        formatter_class=raw,
     )
-    _add_target(top)
     top.add_argument(
         "--interval",
-        type=_seconds(allow_zero=False),
+        type=seconds(allow_zero=False),
         default=2.0,
         help="seconds between refreshes (default 2)",
     )
@@ -117,7 +119,7 @@ def add_status_parsers(sub: argparse._SubParsersAction[Any]) -> None:
     frames.add_argument("--once", action="store_true", help="draw one frame and exit")
     frames.add_argument(
         "--iterations",
-        type=_whole_number(1, 1_000_000_000, "--iterations"),
+        type=whole_number(1, 1_000_000_000, "--iterations"),
         default=None,
         metavar="N",
         help="stop after N frames (default: until Ctrl-C)",
@@ -257,16 +259,10 @@ def render_status(status: QueueStatus, *, title: str = "", width: int | None = N
 
 def run_status(args: argparse.Namespace) -> int:
     """Run ``sqla-queue status APP``; returns the exit status."""
-    from sqla_queue.cli.main import EXIT_OK, _engine, _print_json, _target
-
-    queue, url = _target(args)
-    engine = _engine(url, pool_size=1, max_overflow=0)
-    try:
+    with engine_of(args, pool_size=1, max_overflow=0) as (queue, engine):
         status = _reader(queue, engine)()
-    finally:
-        engine.dispose()
     if args.json:
-        _print_json(status.as_json())
+        print_json(status.as_json())
     else:
         console = make_console()
         console.print(render_status(status, title=args.queue, width=table_width(console)))
@@ -279,28 +275,23 @@ def run_top(args: argparse.Namespace, *, console: Console | None = None) -> int:
     ``console`` is the :class:`rich.console.Console` to draw on (tests pass a recording
     one); by default the terminal's. Each frame fits its width at that moment.
     """
-    from sqla_queue.cli.main import EXIT_OK, _engine, _target
-
-    queue, url = _target(args)
     console = console if console is not None else make_console()
     frames = 1 if args.once else args.iterations
     # One connection, kept between frames: a dashboard should not connect every second.
-    engine = _engine(url, pool_size=1, max_overflow=0, pool_pre_ping=True)
-    read = _reader(queue, engine)
-    try:
-        # The first read fails loudly (exit 1): a wrong URL is not something to watch.
-        status = read()
-        if args.json:
-            _top_json(read, status, args.interval, frames)
-        elif frames == 1:
-            console.print(render_status(status, title=args.queue, width=table_width(console)))
-        else:
-            _top_live(read, status, console, args.queue, args.interval, frames)
-    except KeyboardInterrupt:
-        # Ctrl-C is how top is meant to end.
-        pass
-    finally:
-        engine.dispose()
+    with engine_of(args, pool_size=1, max_overflow=0, pool_pre_ping=True) as (queue, engine):
+        read = _reader(queue, engine)
+        try:
+            # The first read fails loudly (exit 1): a wrong URL is not something to watch.
+            status = read()
+            if args.json:
+                _top_json(read, status, args.interval, frames)
+            elif frames == 1:
+                console.print(render_status(status, title=args.queue, width=table_width(console)))
+            else:
+                _top_live(read, status, console, args.queue, args.interval, frames)
+        except KeyboardInterrupt:
+            # Ctrl-C is how top is meant to end.
+            pass
     return EXIT_OK
 
 
@@ -309,8 +300,6 @@ def _frames_left(frames: int | None, shown: int) -> bool:
 
 
 def _next(read: Callable[[], QueueStatus]) -> QueueStatus | Exception:
-    from sqlalchemy.exc import SQLAlchemyError
-
     try:
         return read()
     except SQLAlchemyError as exc:
@@ -320,8 +309,6 @@ def _next(read: Callable[[], QueueStatus]) -> QueueStatus | Exception:
 def _top_json(
     read: Callable[[], QueueStatus], status: QueueStatus, interval: float, frames: int | None
 ) -> None:
-    from sqla_queue.cli.render import json_text
-
     print(json_text(status.as_json(), indent=None), flush=True)
     shown = 1
     while _frames_left(frames, shown):

@@ -15,19 +15,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqla_queue.dashboard.app import AuthCallable, DashboardConfig, build_app
+from sqla_queue.dashboard.app import build_app
+from sqla_queue.dashboard.config import AuthCallable, DashboardConfig
 from sqla_queue.dashboard.database import DashboardBind
+from sqla_queue.dashboard.queue_protocol import DashboardQueue
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
-    from sqla_queue.queue import Queue
-
-__all__ = ["AuthCallable", "DashboardBind", "DashboardConfig", "create_dashboard"]
+__all__ = ["AuthCallable", "DashboardBind", "DashboardConfig", "DashboardQueue", "create_dashboard"]
 
 
 def create_dashboard(
-    queue: Queue,
+    queue: DashboardQueue,
     bind: DashboardBind,
     *,
     auth: AuthCallable | None = None,
@@ -36,6 +36,9 @@ def create_dashboard(
     **options: Any,
 ) -> Starlette:
     """The dashboard of ``queue`` as an ASGI app (a ``Starlette`` instance).
+
+    ``queue``: a :class:`~sqla_queue.Queue` (any object with the members of
+    :class:`DashboardQueue`).
 
     ``bind``: the host's ``Engine``, ``sessionmaker``, ``AsyncEngine`` or
     ``async_sessionmaker``; pages read in short transactions of their own (a sync bind in

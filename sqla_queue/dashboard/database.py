@@ -17,6 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from sqla_queue.dashboard.queue_protocol import DashboardQueue
+
 __all__ = ["DashboardBind", "Database"]
 
 T = TypeVar("T")
@@ -53,7 +55,7 @@ class Database:
         """``fn(connection)`` in a transaction that commits when ``fn`` returns."""
         return await self._run(fn, commit=True)
 
-    async def cancel(self, queue: Any, job_ids: list[int]) -> dict[int, str]:
+    async def cancel(self, queue: DashboardQueue, job_ids: list[int]) -> dict[int, str]:
         """``queue.cancel``: it commits in a short transaction of its own, so it gets the
         bind itself (its engine), never a connection of ours."""
         if self.is_async:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from sqla_queue.admin import BIGINT_MAX
+from sqla_queue.checks import INT8_MAX as BIGINT_MAX
 from sqla_queue.logic.payload import text_problem
 
 __all__ = [

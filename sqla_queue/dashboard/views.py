@@ -3,7 +3,8 @@
 Pages read through :class:`~sqla_queue.dashboard.database.Database` in one short
 transaction each. Actions (POST) run only for a request the host's ``auth`` accepts and
 that carries a valid CSRF token; they call the same :class:`~sqla_queue.Queue` methods as
-the CLI, then redirect (303) to a page that says what happened.
+the CLI (the members of :class:`~sqla_queue.dashboard.queue_protocol.DashboardQueue`),
+then redirect (303) to a page that says what happened.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import inspect
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from sqlalchemy.engine import Connection
@@ -23,22 +24,22 @@ from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
 from sqla_queue._identifiers import MAX_TASK_NAME
-from sqla_queue.admin import BIGINT_MAX, INTEGER_MAX, RequeueReport
+from sqla_queue.admin import RequeueReport
+from sqla_queue.checks import INT4_MAX as INTEGER_MAX
+from sqla_queue.checks import INT8_MAX as BIGINT_MAX
 from sqla_queue.dashboard import params
 from sqla_queue.dashboard.chart import bar_chart, sparkline
+from sqla_queue.dashboard.config import AuthCallable, DashboardConfig
 from sqla_queue.dashboard.csrf import COOKIE_NAME, FIELD_NAME, CsrfSigner
 from sqla_queue.dashboard.database import Database
 from sqla_queue.dashboard.params import RequestRefused
 from sqla_queue.dashboard.queries import JobFilters, read_job, read_job_page, read_throughput
+from sqla_queue.dashboard.queue_protocol import DashboardQueue
 from sqla_queue.errors import CancelBlockedError, SqlaQueueError, UnknownTaskError
 from sqla_queue.links import MAX_ABOUT_TEXT
 from sqla_queue.spec import MAX_QUEUE_ID
 from sqla_queue.statements.listing import JOB_STATES
 from sqla_queue.status import read_status
-
-if TYPE_CHECKING:
-    from sqla_queue.dashboard.app import AuthCallable, DashboardConfig
-    from sqla_queue.queue import Queue
 
 __all__ = ["NOTICES", "Access", "Views"]
 
@@ -140,7 +141,7 @@ class Views:
     def __init__(
         self,
         *,
-        queue: Queue,
+        queue: DashboardQueue,
         db: Database,
         auth: AuthCallable | None,
         config: DashboardConfig,

@@ -26,8 +26,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from sqla_queue._binds import AnyBind, Flow, on_connection, options_of, run_flow
-from sqla_queue.history.layout import DEFAULT_INTERVAL, INTERVALS, HistoryNames, history_names
+from sqla_queue._binds import AnyBind, on_connection, options_of
+from sqla_queue.admin import check_age
+from sqla_queue.checks import check_in_range
+from sqla_queue.conversation import Flow, run_flow
+from sqla_queue.history.layout import history_names
 from sqla_queue.history.partitions import (
     HistoryPartition,
     MaintainReport,
@@ -36,6 +39,7 @@ from sqla_queue.history.partitions import (
     list_flow,
     prune_flow,
 )
+from sqla_queue.models.partitioning import DEFAULT_INTERVAL, INTERVALS, HistoryNames
 from sqla_queue.models.tables import HistoryLayout, QueueTables
 
 T = TypeVar("T")
@@ -65,12 +69,6 @@ def _require_partitioned(tables: QueueTables) -> None:
             "no partitions. Declare Queue(..., history='partitioned') and migrate with "
             "op.partition_history() to use them; queue.prune deletes old rows meanwhile"
         )
-
-
-def _check_ahead(ahead: object) -> int:
-    if not isinstance(ahead, int) or isinstance(ahead, bool) or not 0 <= ahead <= MAX_AHEAD:
-        raise ValueError(f"ahead must be a whole number from 0 to {MAX_AHEAD}, got {ahead!r}")
-    return ahead
 
 
 @overload
@@ -104,7 +102,7 @@ def maintain_history(
     at most 400 per branch per call. Runs in the caller's transaction: commit it.
     """
     _require_partitioned(tables)
-    ahead = _check_ahead(ahead)
+    ahead = check_in_range("ahead", ahead, 0, MAX_AHEAD)
     return _run_on_names(
         bind, tables, lambda names: ensure_flow(tables, names, ahead=ahead, backfill=backfill)
     )
@@ -148,8 +146,6 @@ def prune_history(
     in the default partitions are deleted row by row. A negative age raises
     :class:`ValueError`.
     """
-    from sqla_queue.admin import check_age
-
     _require_partitioned(tables)
     age = check_age(older_than)
     return _run_on_names(

@@ -1,7 +1,7 @@
 """Creating time partitions ahead, and pruning history by dropping them.
 
-Each operation is a :data:`~sqla_queue._binds.Flow`: it yields its statements and reads
-their rows, so one body serves sync and async callers (:func:`~sqla_queue._binds.run_flow`)
+Each operation is a :data:`~sqla_queue.conversation.Flow`: it yields its statements and reads
+their rows, so one body serves sync and async callers (:func:`~sqla_queue.conversation.run_flow`)
 and joins the caller's transaction. Its DDL waits at most :data:`LOCK_TIMEOUT` for a lock
 (``SET LOCAL lock_timeout``): a partition's DDL locks the branch it changes, and must never
 queue the workers' completions behind an analytics query that holds it.
@@ -15,19 +15,30 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import DateTime, Double, bindparam, text
 from sqlalchemy.sql import Executable
 
-from sqla_queue._binds import Flow
-from sqla_queue.history.layout import (
-    HistoryNames,
-    floor_to_interval,
-    next_boundary,
-    parse_interval_comment,
-    partition_name,
-)
+from sqla_queue.conversation import Flow
+from sqla_queue.history.layout import floor_to_interval, next_boundary, partition_name
 from sqla_queue.logic.times import EARLIEST_DUE
+from sqla_queue.models.partitioning import HistoryNames, parse_interval_comment
 from sqla_queue.models.tables import QueueTables
+from sqla_queue.statements.history import (
+    attach_partition_statement,
+    count_partition_statement,
+    create_partition_statement,
+    detach_partition_statement,
+    drop_partition_statement,
+    free_partition_keys_statement,
+    history_lock_statement,
+    lock_default_statement,
+    lock_timeout_statement,
+    move_rows_statement,
+    now_statement,
+    oldest_finished_statement,
+    partitions_catalog_statement,
+    prune_cutoff_statement,
+    prune_default_statement,
+)
 
 __all__ = [
     "LOCK_TIMEOUT",
@@ -46,21 +57,6 @@ LOCK_TIMEOUT = 5.0
 MAX_CREATED = 400
 
 _BOUND = re.compile(r"FROM \('([^']+)'\) TO \('([^']+)'\)")
-
-# Every partition of the two range branches, with its bounds as text and its parent's
-# comment (which records the interval); the default partitions have bound 'DEFAULT'.
-_CATALOG = text(
-    """
-    SELECT parent.relname AS branch, child.relname AS name,
-           pg_catalog.pg_get_expr(child.relpartbound, child.oid) AS bound,
-           pg_catalog.obj_description(parent.oid, 'pg_class') AS comment
-    FROM pg_catalog.pg_inherits i
-    JOIN pg_catalog.pg_class parent ON parent.oid = i.inhparent
-    JOIN pg_catalog.pg_class child ON child.oid = i.inhrelid
-    WHERE i.inhparent IN (to_regclass(:done), to_regclass(:failed))
-    ORDER BY 1, 2
-    """
-)
 
 
 @dataclass(frozen=True)
@@ -137,7 +133,10 @@ def _parse(rows: Iterable[Any]) -> tuple[dict[str, str], list[HistoryPartition]]
 
 
 def _catalog(names: HistoryNames) -> tuple[Executable, dict[str, object]]:
-    return _CATALOG, {"done": names.qualified(names.done), "failed": names.qualified(names.failed)}
+    return partitions_catalog_statement(), {
+        "done": names.qualified(names.done),
+        "failed": names.qualified(names.failed),
+    }
 
 
 def list_flow(names: HistoryNames) -> Flow[list[HistoryPartition]]:
@@ -154,19 +153,14 @@ def _serialize(names: HistoryNames, *, wait: bool) -> tuple[Executable, dict[str
     dropping partitions (which locks the branch) beside a maintenance moving rows out of
     the default partition (which locks that partition first) wait for each other.
     """
-    function = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
     return (
-        text(f"SELECT {function}(hashtext(:key))" + ("" if wait else " AS got")),
+        history_lock_statement(wait=wait),
         {"key": f"sqla_queue history {names.qualified(names.jobs)}"},
     )
 
 
 def _lock_timeout() -> tuple[Executable, dict[str, object]]:
-    return text(f"SET LOCAL lock_timeout = '{int(LOCK_TIMEOUT * 1000)}ms'"), {}
-
-
-def _columns(tables: QueueTables) -> str:
-    return ", ".join(f'"{c.name}"' for c in tables.jobs.columns)
+    return lock_timeout_statement(LOCK_TIMEOUT), {}
 
 
 def ensure_flow(
@@ -193,12 +187,11 @@ def ensure_flow(
         # Another worker maintains the partitions right now: nothing is left to do here.
         return MaintainReport((), 0)
     if now is None:
-        ((now,),) = yield text("SELECT now()"), {}
+        ((now,),) = yield now_statement(), {}
     assert now is not None
     intervals, existing = _parse((yield _catalog(names)))
     created: list[str] = []
     moved = 0
-    columns = _columns(tables)
     for branch, _statuses in names.branches:
         interval = intervals.get(branch)
         if interval is None:
@@ -206,11 +199,10 @@ def ensure_flow(
                 f"{names.qualified(branch)} is not a partitioned history table: is the "
                 "queue's history partitioned (op.create_queue(..., history='partitioned'))?"
             )
-        default = names.default_of(branch)
         covered = {p.lower for p in existing if p.branch == branch and p.lower is not None}
         start = floor_to_interval(now, interval)
         if backfill:
-            (oldest,) = yield text(f"SELECT min(finished_at) FROM {names.qualified(default)}"), {}
+            (oldest,) = yield oldest_finished_statement(names, branch), {}
             if oldest[0] is not None:
                 start = min(start, floor_to_interval(oldest[0], interval))
         stop = floor_to_interval(now, interval)
@@ -222,7 +214,7 @@ def ensure_flow(
             upper = next_boundary(lower, interval)
             if lower not in covered:
                 name = partition_name(branch, lower)
-                moved += yield from _create_partition(names, branch, name, lower, upper, columns)
+                moved += yield from _create_partition(tables, names, branch, name, lower, upper)
                 created.append(name)
                 made += 1
             lower = upper
@@ -230,43 +222,23 @@ def ensure_flow(
 
 
 def _create_partition(
+    tables: QueueTables,
     names: HistoryNames,
     branch: str,
     name: str,
     lower: dt.datetime,
     upper: dt.datetime,
-    columns: str,
 ) -> Flow[int]:
-    q = names.qualified
-    default = q(names.default_of(branch))
-    bounds = {"lower": lower, "upper": upper}
     # The default partition is locked first: a completion routed there between the move and
     # the ATTACH would make the ATTACH fail. Completions routed to other partitions do not
     # touch it, and the lock is held for this short transaction only.
-    yield text(f"LOCK TABLE {default} IN ACCESS EXCLUSIVE MODE"), {}
-    yield (
-        text(
-            f"CREATE TABLE {q(name)} "
-            f"(LIKE {q(names.jobs)} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
-        ),
-        {},
-    )
+    yield lock_default_statement(names, branch), {}
+    yield create_partition_statement(names, name), {}
     rows = yield (
-        text(
-            f"WITH moved AS (DELETE FROM {default} WHERE finished_at >= :lower "
-            f"AND finished_at < :upper RETURNING {columns}) "
-            f"INSERT INTO {q(name)} ({columns}) SELECT {columns} FROM moved RETURNING 1"
-        ),
-        bounds,
+        move_rows_statement(names, branch, name, tables),
+        {"lower": lower, "upper": upper},
     )
-    spelled = {k: v.isoformat() for k, v in bounds.items()}
-    yield (
-        text(
-            f"ALTER TABLE {q(branch)} ATTACH PARTITION {q(name)} "
-            f"FOR VALUES FROM ('{spelled['lower']}') TO ('{spelled['upper']}')"
-        ),
-        {},
-    )
+    yield attach_partition_statement(names, branch, name, lower, upper), {}
     return len(rows)
 
 
@@ -293,14 +265,9 @@ def prune_flow(
     # reaches further back (3,000 years is allowed) is cut at EARLIEST_DUE, which selects
     # what it would (nothing finished before then) and loads at any session time zone.
     ((cutoff,),) = yield (
-        text("SELECT greatest(now() - make_interval(secs => :age), :earliest)").bindparams(
-            bindparam("age", type_=Double), bindparam("earliest", type_=DateTime(timezone=True))
-        ),
+        prune_cutoff_statement(),
         {"age": older_than, "earliest": EARLIEST_DUE},
     )
-    q = names.qualified
-    keys = tables.unique_keys
-    key_table = q(keys.name)
     branches = [names.done] + ([names.failed] if include_failed else [])
     pruned: list[str] = []
     jobs = 0
@@ -308,37 +275,18 @@ def prune_flow(
         p for p in existing if p.branch in branches and p.upper is not None and p.upper <= cutoff
     ]
     for partition in doomed:
-        ((count,),) = yield text(f"SELECT count(*) FROM {q(partition.name)}"), {}
-        yield (
-            text(
-                f"DELETE FROM {key_table} k USING {q(partition.name)} j "
-                "WHERE j.unique_key IS NOT NULL AND k.job_id = j.id"
-            ),
-            {},
-        )
+        ((count,),) = yield count_partition_statement(names, partition.name), {}
+        yield free_partition_keys_statement(names, partition.name, tables), {}
         jobs += int(count)
     for branch in branches:
-        default = q(names.default_of(branch))
-        gone = yield (
-            text(
-                f"WITH gone AS (DELETE FROM {default} WHERE finished_at < :cutoff "
-                "RETURNING id, unique_key), "
-                f"freed AS (DELETE FROM {key_table} k USING gone "
-                "WHERE gone.unique_key IS NOT NULL AND k.job_id = gone.id) "
-                "SELECT id FROM gone"
-            ),
-            {"cutoff": cutoff},
-        )
+        gone = yield prune_default_statement(names, branch, tables), {"cutoff": cutoff}
         jobs += len(gone)
     # The DDL comes last: dropping a partition locks its branch until the transaction
     # ends, and the workers' completions into that branch wait for it meanwhile.
     for partition in doomed:
         if detach:
-            yield (
-                text(f"ALTER TABLE {q(partition.branch)} DETACH PARTITION {q(partition.name)}"),
-                {},
-            )
+            yield detach_partition_statement(names, partition.branch, partition.name), {}
         else:
-            yield text(f"DROP TABLE {q(partition.name)}"), {}
+            yield drop_partition_statement(names, partition.name), {}
         pruned.append(partition.name)
     return PruneReport(tuple(pruned), jobs, detach)

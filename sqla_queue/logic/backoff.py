@@ -6,6 +6,8 @@ import math
 import random
 from dataclasses import dataclass
 
+from sqla_queue.checks import is_number
+
 __all__ = ["RetryPolicy"]
 
 
@@ -26,7 +28,7 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         for name in ("min_delay", "max_delay", "factor", "jitter"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if not is_number(value):
                 raise TypeError(
                     f"RetryPolicy.{name} must be a number, got {value!r} ({type(value).__name__})"
                 )

@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from sqla_queue.checks import check_seconds
 from sqla_queue.logic.backoff import RetryPolicy
 from sqla_queue.logic.payload import encode_json, text_problem, text_suspect
-from sqla_queue.logic.times import check_due, check_due_time, check_seconds
+from sqla_queue.logic.times import check_due, check_due_time
 
 __all__ = [
     "ClaimedJob",

@@ -1,4 +1,4 @@
-"""The due times a job may have, and the checks of every time and duration it is given.
+"""The due times a job may have, and the checks of every due time and delay it is given.
 
 PostgreSQL stores a ``timestamptz`` up to the year 294,276, but Python's ``datetime`` stops
 at the end of the year 9999, and a worker reads a due time back in the database session's
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import numbers
+
+from sqla_queue.checks import check_seconds, described
 
 __all__ = [
     "EARLIEST_DUE",
@@ -27,7 +28,6 @@ __all__ = [
     "check_delay",
     "check_due",
     "check_due_time",
-    "check_seconds",
 ]
 
 #: Due times must be earlier than this: a year before Python's ``datetime.max``, in UTC.
@@ -41,48 +41,6 @@ MAX_LOST_INTERVAL = 365 * 86_400.0
 #: The longest delay: 1,000 years. Counted from now, it keeps a due time before
 #: :data:`LATEST_DUE` for the next six thousand years.
 MAX_DELAY = dt.timedelta(days=365_250)
-
-
-def _described(value: object) -> str:
-    return f"{value!r} ({type(value).__name__})"
-
-
-def check_seconds(
-    option: str,
-    value: object,
-    *,
-    maximum: float,
-    positive: bool = False,
-    timedelta: bool = False,
-) -> float:
-    """``value`` as seconds (a ``float``) if it is a finite number within bounds, else raise.
-
-    Accepted: an ``int`` or ``float`` (not a ``bool``), and with ``timedelta=True`` a
-    ``timedelta``. The number must be ``>= 0`` (``> 0`` with ``positive=True``) and at
-    most ``maximum``. ``TypeError`` for a wrong type, ``ValueError`` for a bad number; both
-    name ``option`` and the rule.
-    """
-    if timedelta and isinstance(value, dt.timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-        try:
-            seconds = float(value)
-        except OverflowError:
-            seconds = math.inf
-    else:
-        kinds = "a number of seconds (int or float)" + (" or a timedelta" if timedelta else "")
-        raise TypeError(f"{option} must be {kinds}, got {_described(value)}")
-    if not math.isfinite(seconds):
-        raise ValueError(f"{option} must be a finite number of seconds, got {value!r}")
-    if seconds < 0 or (positive and seconds == 0):
-        rule = "positive" if positive else "non-negative (cannot be negative)"
-        raise ValueError(f"{option} must be {rule}, got {value!r}")
-    if seconds > maximum:
-        raise ValueError(
-            f"{option} must be at most {maximum:.0f} seconds "
-            f"({dt.timedelta(seconds=maximum)}), got {value!r}"
-        )
-    return seconds
 
 
 def check_delay(option: str, value: object) -> float:
@@ -100,7 +58,7 @@ def check_due_time(option: str, value: object) -> dt.datetime:
     one out of range, which a worker could not load in every time zone.
     """
     if not isinstance(value, dt.datetime):
-        raise TypeError(f"{option} must be a timezone-aware datetime, got {_described(value)}")
+        raise TypeError(f"{option} must be a timezone-aware datetime, got {described(value)}")
     if value.utcoffset() is None:
         raise ValueError(
             f"{option} must be timezone-aware (for example datetime.now(UTC)), got {value!r}"

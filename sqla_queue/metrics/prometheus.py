@@ -39,12 +39,18 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine
 
+from sqla_queue.checks import is_whole_number
 from sqla_queue.logic.outcomes import ClaimedJob, OutcomeKind
 from sqla_queue.logic.payload import add_payload_hook, remove_payload_hook
-from sqla_queue.metrics.stats import DEFAULT_CAP, QueueStatsParams, queue_stats_statement
+from sqla_queue.metrics.stats import DEFAULT_CAP
 from sqla_queue.models.tables import QueueTables
+from sqla_queue.statements.metrics import (
+    QueueStatsParams,
+    queue_stats_statement,
+    statement_timeout_statement,
+)
 from sqla_queue.statements.planner import planner_guard
 
 __all__ = [
@@ -285,20 +291,18 @@ class QueueStatsCollector(Collector):
         cap: int = DEFAULT_CAP,
         timeout: float = DEFAULT_STATS_TIMEOUT,
     ) -> None:
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        if not is_whole_number(cap) or cap < 1:
             raise ValueError(f"cap must be a positive int, got {cap!r}")
         if not timeout > 0:
             raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
         self.engine = engine
         self.tasks = tasks
-        self.cap = cap
+        self.cap = int(cap)
         self.timeout = timeout
         self._prefix = namespace
         self._statement = queue_stats_statement(tables)
         self._guard = planner_guard(generic_plans=False)
-        self._timeout = select(
-            func.set_config("statement_timeout", str(max(1, round(timeout * 1000))), True)
-        )
+        self._timeout = statement_timeout_statement(max(1, round(timeout * 1000)))
 
     def _families(self) -> tuple[GaugeMetricFamily, ...]:
         p = self._prefix

@@ -11,6 +11,9 @@ A queued execution is removed and its job becomes ``cancelled``; a running one g
 ``cancel_requested``, which its worker's next heartbeat returns, and which the completion
 reads in the same row lock as every other fenced transition: a cancel racing a completion
 ends in exactly one final state.
+
+``queue.result`` LISTENs on the queue's ``finished_channel`` (:func:`listen_sql`) while it
+waits; a completion (or a cancel) of an awaited job notifies there.
 """
 
 from __future__ import annotations
@@ -47,13 +50,19 @@ from sqla_queue.statements._common import (
 )
 
 __all__ = [
+    "UNLISTEN_ALL",
     "CancelOutcome",
     "CancelParams",
     "JobParams",
     "await_statement",
+    "cancel_lock_timeout_sql",
     "cancel_statement",
     "job_outcome_statement",
+    "listen_sql",
 ]
+
+#: Driver SQL that ends every LISTEN of the connection, before it goes back to its pool.
+UNLISTEN_ALL = "UNLISTEN *"
 
 
 class CancelOutcome:
@@ -195,3 +204,15 @@ def job_outcome_statement(tables: QueueTables) -> Select[Any]:
         .select_from(jobs.outerjoin(ex, and_(ex.c.id == jobs.c.id)))
         .where(jobs.c.id == bindparam("job_id", type_=BigInteger))
     )
+
+
+def cancel_lock_timeout_sql(seconds: float) -> str:
+    """Driver SQL that bounds a cancel's wait for a row lock to ``seconds``, in its
+    transaction only (``SET LOCAL``)."""
+    return f"SET LOCAL lock_timeout = '{float(seconds)}s'"
+
+
+def listen_sql(tables: QueueTables) -> str:
+    """Driver SQL to LISTEN on ``tables``' ``finished_channel``, quoted as an identifier."""
+    channel = tables.finished_channel.replace('"', '""')
+    return f'LISTEN "{channel}"'

@@ -20,17 +20,19 @@ from typing import Any, TypedDict
 from sqlalchemy import Double, Integer, Select, bindparam, func, literal_column, select
 from sqlalchemy.sql.elements import ColumnElement
 
+from sqla_queue.checks import INT8_MAX, check_in_range, is_number
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.spec import INT8_MAX
 from sqla_queue.statements._common import FAILED, PENDING, RUNNING, WAITING, seconds
 
 __all__ = [
+    "ClockParams",
     "ExecutionCountsParams",
     "FailedWindowParams",
     "FinishedWindowParams",
     "LiveWorkersParams",
     "RunningByWorkerParams",
     "StoredSettingsParams",
+    "clock_statement",
     "execution_counts_statement",
     "failed_window_statement",
     "finished_window_statement",
@@ -38,6 +40,10 @@ __all__ = [
     "running_by_worker_statement",
     "stored_settings_statement",
 ]
+
+
+class ClockParams(TypedDict):
+    """Parameters of :func:`clock_statement`: none."""
 
 
 class ExecutionCountsParams(TypedDict):
@@ -69,16 +75,20 @@ class LiveWorkersParams(TypedDict):
 
 def _whole(value: int, what: str) -> ColumnElement[Any]:
     # Rendered into the text: only a checked int that a LIMIT (bigint) holds gets there.
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT8_MAX:
-        raise ValueError(f"{what} must be a whole number from 1 to {INT8_MAX}, got {value!r}")
-    return literal_column(str(value), Integer)
+    return literal_column(str(check_in_range(what, value, 1, INT8_MAX)), Integer)
 
 
 def _ago(amount: float, what: str) -> ColumnElement[Any]:
     """``now() - interval 'amount seconds'``, the amount checked and written into the text."""
-    if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount > 0:
+    if not is_number(amount) or not amount > 0:
         raise ValueError(f"{what} must be a positive number of seconds, got {amount!r}")
     return func.now() - seconds(literal_column(repr(float(amount)), Double))
+
+
+def clock_statement() -> Select[Any]:
+    """The transaction's ``now()``, which every window of a status reading is measured
+    from. No parameters."""
+    return select(func.now())
 
 
 def execution_counts_statement(tables: QueueTables) -> Select[Any]:

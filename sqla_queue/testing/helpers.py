@@ -24,8 +24,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue._binds import engine_with_options
 from sqla_queue._identifiers import validate_task_name
+from sqla_queue.checks import check_whole_number
 from sqla_queue.models.tables import ExecutionState, JobStatus, translated_schema
-from sqla_queue.spec import check_whole_number
 
 #: The execution option that chooses a tenant's schema.
 TRANSLATE = "schema_translate_map"

@@ -1,4 +1,4 @@
-"""Workers: one I/O-free core (:mod:`.core`) with a sync face and an asyncio face."""
+"""Workers: one I/O-free decider (:mod:`.decider`) with a sync face and an asyncio face."""
 
 from sqla_queue.worker.aio import AsyncWorker
 from sqla_queue.worker.base import RunStats

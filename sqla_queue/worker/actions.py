@@ -1,19 +1,34 @@
-"""What the worker core asks a face to do next, and the I/O of one action.
+"""What the worker's decider asks a face to do next, and the I/O of one action.
 
-The core (:mod:`sqla_queue.worker.core`) decides; a face (:mod:`.sync`, :mod:`.aio`)
+The decider (:mod:`sqla_queue.worker.decider`) decides; a face (:mod:`.sync`, :mod:`.aio`)
 performs. These values are the whole vocabulary between them: an :data:`Action` says what
-to do, a :class:`Work` holds the statements that do it, each a :class:`Step`.
+to do, a :class:`Work` holds the statements that do it, each a
+:class:`~sqla_queue.conversation.Step`.
+
+It is the vocabulary of :mod:`sqla_queue.conversation` at a coarser grain. A flow is a
+conversation that reads each statement's rows before it asks for the next, so one driver
+can run any flow; the worker's loop is a run of decisions instead, each taken on a fresh
+look at the clock, the buffered outcomes and the handlers' threads
+(:meth:`~sqla_queue.worker.decider.Decider.next_action`). Its statements are the same
+:class:`~sqla_queue.conversation.Step` values, and its decision to idle is the same
+:class:`~sqla_queue.conversation.Wait` a flow yields: wait up to ``seconds``, less if the
+face is woken (an enqueue's notification, a handler's outcome, a stop). The faces are the
+worker's own drivers, because a unit of :class:`Work` is a batch sent together (one round
+trip where the driver pipelines), then handed to the decider whole.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
+
+from sqla_queue.conversation import Step, Wait
 
 if TYPE_CHECKING:
     from sqla_queue.worker.handlers import RunningJob
 
+# Step and Wait are defined by the conversation and are part of this vocabulary too.
 __all__ = ["Action", "Claim", "Flush", "Maintain", "Step", "Stop", "Wait", "Work", "claims"]
 
 
@@ -48,13 +63,6 @@ class Maintain:
 
 
 @dataclass(frozen=True)
-class Wait:
-    """Sleep until woken or ``timeout`` seconds pass."""
-
-    timeout: float
-
-
-@dataclass(frozen=True)
 class Stop:
     """Leave the run loop."""
 
@@ -62,23 +70,13 @@ class Stop:
 Action = Flush | Claim | Maintain | Wait | Stop
 
 
-class Step(NamedTuple):
-    """One statement and its parameters (the typed record of its builder's module).
-
-    A tuple, so a face unpacks it as ``statement, params`` like any pair.
-    """
-
-    statement: Any
-    params: Mapping[str, Any]
-
-
 @dataclass(frozen=True)
 class Work:
-    """The I/O of one action, for a face to run: statements, then the core takes over.
+    """The I/O of one action, for a face to run: statements, then the decider takes over.
 
     A face executes ``steps`` in order (inside one transaction when ``atomic``), hands the
     rows of every step to ``done`` and dispatches the executions it returns. If anything
-    fails it calls ``failed`` and lets the error propagate. Every unit the core prepares is
+    fails it calls ``failed`` and lets the error propagate. Every unit the decider prepares is
     atomic and opens with the planner guard (see :mod:`sqla_queue.statements.planner`).
     """
 

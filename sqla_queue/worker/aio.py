@@ -18,8 +18,9 @@ from sqla_queue.schema.verify import verify_schema
 from sqla_queue.worker.actions import Claim, Flush, Maintain, Stop, Wait, Work
 from sqla_queue.worker.background import background_engine, capturing_connect_keywords
 from sqla_queue.worker.base import RunStats, WorkerBase, bound_engine
-from sqla_queue.worker.core import ContextFactory, WorkerCore
-from sqla_queue.worker.handlers import HandlerPool, HandlerRunner, RunningJob
+from sqla_queue.worker.decider import ContextFactory, Decider
+from sqla_queue.worker.executors import HandlerPool
+from sqla_queue.worker.handlers import HandlerRunner, RunningJob
 from sqla_queue.worker.plan import WorkerPlan
 from sqla_queue.worker.pools import own_pool_engine
 from sqla_queue.worker.raw import (
@@ -73,7 +74,7 @@ class AsyncWorker(WorkerBase):
         cannot do its job (:class:`~sqla_queue.WorkerStoppedError`: a
         missing privilege or table, an outcome the database refuses even as a failure).
         """
-        core = self._new_core(burst)
+        decider = self._new_decider(burst)
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
 
@@ -83,22 +84,22 @@ class AsyncWorker(WorkerBase):
             # call_soon_threadsafe makes is sure to wake it.
             loop.call_soon_threadsafe(wake.set)
 
-        core.set_waker(wake_up)
+        decider.set_waker(wake_up)
         engine = AsyncEngine(self._own_engine(self.engine.sync_engine))
         try:
             # Handlers go in first: a deploy's SIGTERM during start-up is a clean stop too.
             with graceful_signals(
-                lambda: core.request_stop(time.monotonic()),
+                lambda: decider.request_stop(time.monotonic()),
                 enabled=self.settings.install_signal_handlers,
             ):
                 if self.settings.verify_schema:
                     await self._verify(engine)
-                await self._loop(core, wake, engine)
+                await self._loop(decider, wake, engine)
         finally:
             await engine.dispose()
-        log.info("async worker %s stopped: %s", core.worker_id, core.stats)
-        self._raise_if_stopped_by(core)
-        return self._stats(core)
+        log.info("async worker %s stopped: %s", decider.worker_id, decider.stats)
+        self._raise_if_stopped_by(decider)
+        return self._stats(decider)
 
     async def _verify(self, engine: AsyncEngine) -> None:
         for attempt in itertools.count(1):
@@ -112,19 +113,19 @@ class AsyncWorker(WorkerBase):
                     raise
                 await asyncio.sleep(delay)
 
-    async def _loop(self, core: WorkerCore, wake: asyncio.Event, engine: AsyncEngine) -> None:
+    async def _loop(self, decider: Decider, wake: asyncio.Event, engine: AsyncEngine) -> None:
         # Heartbeats run on a thread with a sync connection, immune to a blocked loop.
         heartbeat_engine = await self._background_engine(engine)
-        pool, heartbeater, listener = self._start_background(core, heartbeat_engine)
-        make_context = self._make_context(core)
-        runner = self._runner(core)
+        pool, heartbeater, listener = self._start_background(decider, heartbeat_engine)
+        make_context = self._make_context(decider)
+        runner = self._runner(decider)
         connection: AsyncConnection | None = None
-        log.info("async worker %s started: tasks %s", core.worker_id, self.plan.task_names)
+        log.info("async worker %s started: tasks %s", decider.worker_id, self.plan.task_names)
         try:
             while True:
                 wake.clear()
                 now = time.monotonic()
-                action = core.next_action(now)
+                action = decider.next_action(now)
                 if isinstance(action, Stop):
                     break
                 if isinstance(action, Wait):
@@ -135,11 +136,13 @@ class AsyncWorker(WorkerBase):
                         # Autocommit, each unit with its own BEGIN (see the sync face).
                         connection = await engine.connect()
                         await connection.execution_options(isolation_level="AUTOCOMMIT")
-                    await self._perform(connection, core, action, now, make_context, runner, pool)
+                    await self._perform(
+                        connection, decider, action, now, make_context, runner, pool
+                    )
                 except DBAPIError as exc:
                     await _discard(connection)
                     connection = None
-                    delay = core.database_error(action, exc, now)
+                    delay = decider.database_error(action, exc, now)
                     if delay > 0:
                         await _wait(wake, delay)
         finally:
@@ -183,14 +186,14 @@ class AsyncWorker(WorkerBase):
     async def _perform(
         self,
         connection: AsyncConnection,
-        core: WorkerCore,
+        decider: Decider,
         action: Claim | Flush | Maintain,
         now: float,
         make_context: ContextFactory,
         runner: HandlerRunner,
         pool: HandlerPool,
     ) -> None:
-        work = core.prepare(action, now, make_context)
+        work = decider.prepare(action, now, make_context)
         try:
             if self._raw is not None:
                 results = await _execute_raw(connection, self._raw, work)

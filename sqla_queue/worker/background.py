@@ -1,39 +1,29 @@
-"""The worker's background threads: heartbeater and listener, one of each per worker.
+"""The synchronous engine of the threads beside an async worker's loop.
 
-Both run in their own threads on their own connections, for the sync and the async face
-alike: a handler that blocks the event loop, or a run loop busy with a slow claim, must not
-delay a heartbeat (the job would be reclaimed) or a wake-up.
+The worker's threads (heartbeater, listener, services: see
+:mod:`sqla_queue.worker.threads`) run on synchronous connections, for the sync and the
+async face alike. An async worker derives their engine from its own async one, connecting
+as that one does: :func:`background_engine`, fed by :func:`capturing_connect_keywords`.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
-import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
-import psycopg
-from psycopg import sql
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL
 
-from sqla_queue.statements.liveness import HeartbeatParams
-from sqla_queue.worker.core import WorkerCore
 from sqla_queue.worker.pools import own_pool_engine
 
 __all__ = [
-    "Heartbeater",
-    "Listener",
     "background_engine",
     "capturing_connect_keywords",
     "libpq_url",
-    "listen_connector",
 ]
-
-log = logging.getLogger("sqla_queue.worker")
 
 
 def libpq_url(url: URL) -> str:
@@ -175,108 +165,3 @@ def _user_connect_listeners(engine: Engine) -> list[Any]:
     collection: Any = engine.pool.dispatch.connect
     own: list[Any] = list(getattr(collection, "listeners", ()))
     return [fn for fn in own if not getattr(fn, "__module__", "").startswith("sqlalchemy.")]
-
-
-ListenConnector = Callable[[], AbstractContextManager["psycopg.Connection[Any]"]]
-
-
-def listen_connector(engine: Engine, listen_url: str | None) -> ListenConnector:
-    """How the worker opens its LISTEN connection: like ``engine``'s, or to ``listen_url``.
-
-    ``engine`` is the synchronous engine of the worker's threads. With psycopg, the LISTEN
-    connection is one of its connections, from a pool of its own, so ``connect_args``,
-    a creator and ``connect`` listeners hold for it too; it is closed, never pooled, when
-    done. ``listen_url`` (``WorkerSettings.listen_url``, a direct connection past a
-    pooler) is connected to as it says, with the keywords its query string holds.
-    """
-    if listen_url is None and engine.dialect.driver == "psycopg":
-        listen_engine = own_pool_engine(engine, 1)
-        return lambda: _pooled_autocommit(listen_engine)
-    dsn = libpq_url(make_url(listen_url) if listen_url is not None else engine.url)
-    return lambda: psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-
-
-@contextmanager
-def _pooled_autocommit(engine: Engine) -> Iterator[psycopg.Connection[Any]]:
-    raw = engine.raw_connection()
-    try:
-        driver = raw.driver_connection
-        assert isinstance(driver, psycopg.Connection), "a psycopg engine's connection"
-        if driver.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            driver.commit()  # keep what a connect listener SET outside autocommit
-        driver.autocommit = True
-        yield driver
-    finally:
-        raw.invalidate()  # LISTENing, autocommit: never back to a pool
-        raw.close()
-
-
-class Heartbeater(threading.Thread):
-    """Refreshes ``alive_at`` of held executions every ``interval`` seconds."""
-
-    def __init__(self, core: WorkerCore, engine: Engine, interval: float) -> None:
-        super().__init__(name="sqla-queue-heartbeat", daemon=True)
-        self.core = core
-        self.engine = engine
-        self.interval = interval
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        """Beat until halted; a failed beat is logged and the next one tried on time."""
-        while not self.halt.wait(self.interval):
-            self.beat()
-
-    def beat(self) -> None:
-        """Send one heartbeat for everything this worker holds."""
-        params: HeartbeatParams | None = self.core.heartbeat_params()
-        if params is None:
-            return
-        try:
-            with self.engine.begin() as connection:
-                connection.execute(self.core.guard)
-                rows = connection.execute(self.core.heartbeat_statement, params).all()
-        except Exception as exc:
-            log.warning("heartbeat failed, retrying in %.1fs: %s", self.interval, exc)
-            # A lost privilege or table stops the worker instead of failing every beat.
-            self.core.heartbeat_failed(exc, time.monotonic())
-            return
-        self.core.heartbeat_done(params["ids"], rows)
-
-
-class Listener(threading.Thread):
-    """LISTENs on the queue's channel and calls ``on_notify`` for each wake-up.
-
-    A notification is only a hint: after every (re)connect it calls ``on_notify`` once,
-    since anything sent while disconnected was missed, and polling covers the rest.
-    """
-
-    def __init__(
-        self, connect: ListenConnector, channel: str, on_notify: Callable[[], None]
-    ) -> None:
-        super().__init__(name="sqla-queue-listener", daemon=True)
-        self.connect = connect
-        self.channel = channel
-        self.on_notify = on_notify
-        self.halt = threading.Event()
-        self.connected = threading.Event()
-
-    def run(self) -> None:
-        """Listen until halted, reconnecting with backoff."""
-        delay = 0.1
-        while not self.halt.is_set():
-            try:
-                with self.connect() as conn:
-                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
-                    self.connected.set()
-                    delay = 0.1
-                    self.on_notify()
-                    while not self.halt.is_set():
-                        for _ in conn.notifies(timeout=0.5, stop_after=1):
-                            self.on_notify()
-            except Exception as exc:  # a driver's error, or a connect listener's
-                self.connected.clear()
-                if self.halt.is_set():
-                    return
-                log.warning("LISTEN connection lost, reconnecting in %.1fs: %s", delay, exc)
-                self.halt.wait(delay)
-                delay = min(delay * 2, 5.0)

@@ -1,4 +1,4 @@
-"""What both worker faces share beyond the core: wiring of threads, contexts and races."""
+"""What both worker faces share beyond the decider: wiring of threads, contexts and races."""
 
 from __future__ import annotations
 
@@ -13,19 +13,22 @@ from sqla_queue._sqlstate import is_unique_violation_of, sqlstate_of
 from sqla_queue.instrumentation import combine_observers
 from sqla_queue.logic.outcomes import ClaimedJob
 from sqla_queue.models.tables import HistoryLayout
-from sqla_queue.worker.background import Heartbeater, Listener, listen_connector
 from sqla_queue.worker.context import JobContext
-from sqla_queue.worker.core import ContextFactory, WorkerCore
-from sqla_queue.worker.handlers import (
-    HandlerPool,
-    HandlerRunner,
-    InTransaction,
-    check_transactional_binds,
-)
+from sqla_queue.worker.daemons import DaemonSupervisor
+from sqla_queue.worker.decider import ContextFactory, Decider
+from sqla_queue.worker.executors import HandlerPool
+from sqla_queue.worker.handlers import HandlerRunner
+from sqla_queue.worker.heartbeat import Heartbeater
+from sqla_queue.worker.history import HistoryMaintainer
+from sqla_queue.worker.listener import Listener, listen_connector
 from sqla_queue.worker.plan import WorkerPlan
 from sqla_queue.worker.pools import own_pool_engine, refuse_connection_bind, split_pool_size
-from sqla_queue.worker.services import ServiceEnv, WorkerService
+from sqla_queue.worker.registry import WorkerRegistry
+from sqla_queue.worker.scheduler import Scheduler
+from sqla_queue.worker.services import ServiceEnv
+from sqla_queue.worker.sessions import InTransaction, check_transactional_binds
 from sqla_queue.worker.settings import WorkerSettings
+from sqla_queue.worker.threads import WorkerThread
 
 __all__ = [
     "RunStats",
@@ -139,55 +142,55 @@ class WorkerBase:
         )
         #: The engine of the worker's own pool while ``run()`` runs (see worker/pools.py).
         self.worker_engine: Any = None
-        self.core: WorkerCore | None = None
+        self.decider: Decider | None = None
         self._stop_before_start = False
         self._race_indexes = {str(ix.name) for ix in plan.tables.executions.indexes if ix.unique}
-        self._services: list[WorkerService] = []
+        self._services: list[WorkerThread] = []
 
     def stop(self) -> None:
         """Ask a running ``run()`` to shut down gracefully. Safe from any thread.
 
         Called before ``run()`` starts, it makes that run stop at once.
         """
-        core = self.core
-        if core is None:
+        decider = self.decider
+        if decider is None:
             self._stop_before_start = True
         else:
-            core.request_stop(time.monotonic())
+            decider.request_stop(time.monotonic())
 
-    def _new_core(self, burst: bool) -> WorkerCore:
-        core = WorkerCore(self.plan, self.settings, burst=burst)
-        self.core = core
+    def _new_decider(self, burst: bool) -> Decider:
+        decider = Decider(self.plan, self.settings, burst=burst)
+        self.decider = decider
         if self._stop_before_start:
-            core.request_stop(time.monotonic())
-        return core
+            decider.request_stop(time.monotonic())
+        return decider
 
-    def _runner(self, core: WorkerCore) -> HandlerRunner:
+    def _runner(self, decider: Decider) -> HandlerRunner:
         return HandlerRunner(
-            worker_id=core.worker_id,
-            clock=core.clock,
-            record=core.record,
-            stop=lambda exc: core.handler_raised(exc, time.monotonic()),
-            transaction=InTransaction(core.guard, core.complete_statement, core.worker_id),
-            settle=core.settled,
+            worker_id=decider.worker_id,
+            clock=decider.clock,
+            record=decider.record,
+            stop=lambda exc: decider.handler_raised(exc, time.monotonic()),
+            transaction=InTransaction(decider.guard, decider.complete_statement, decider.worker_id),
+            settle=decider.settled,
             observer=combine_observers(self.settings.observers)
             if self.settings.observers
             else None,
         )
 
     @staticmethod
-    def _raise_if_stopped_by(core: WorkerCore) -> None:
+    def _raise_if_stopped_by(decider: Decider) -> None:
         """After a graceful stop the worker made on its own, raise why it stopped.
 
         A handler's ``KeyboardInterrupt``/``SystemExit`` is raised as it is (the process
         exits as the handler asked); a :class:`WorkerStoppedError` says what the worker
         could not do and how to fix it.
         """
-        error = core.stopped_by
+        error = decider.stopped_by
         if error is not None:
             raise error
 
-    def _make_context(self, core: WorkerCore) -> ContextFactory:
+    def _make_context(self, decider: Decider) -> ContextFactory:
         tasks = self.plan.tasks
 
         def make(job: ClaimedJob) -> JobContext[Any] | None:
@@ -199,9 +202,9 @@ class WorkerBase:
                 attempt=job.attempt,
                 max_attempts=job.max_attempts,
                 queue_id=job.queue_id,
-                worker_id=core.worker_id,
+                worker_id=decider.worker_id,
                 session_factory=self.session_factory,
-                stop_flag=core.stop_flag,
+                stop_flag=decider.stop_flag,
                 read_session_factory=self.read_session_factory,
             )
 
@@ -247,58 +250,50 @@ class WorkerBase:
         return is_unique_violation_of(exc, self._race_indexes)
 
     def _start_background(
-        self, core: WorkerCore, engine: Engine
+        self, decider: Decider, engine: Engine
     ) -> tuple[HandlerPool, Heartbeater, Listener | None]:
         pool = HandlerPool(self.settings.concurrency)
-        heartbeater = Heartbeater(core, engine, core.heartbeat_interval)
+        heartbeater = Heartbeater(decider, engine, decider.heartbeat_interval)
         heartbeater.start()
-        self._services = [] if core.burst else self._new_services(core, engine)
+        self._services = [] if decider.burst else self._new_services(decider, engine)
         for service in self._services:
             service.start()
         listener = None
-        if core.listen:
+        if decider.listen:
             # settings.listen_url: a direct connection, when ``engine`` goes through a
             # pooler in transaction mode, where a LISTEN would hear nothing.
             connect = listen_connector(engine, self.settings.listen_url)
-            listener = Listener(connect, self.plan.tables.notify_channel, core.notified)
+            listener = Listener(connect, self.plan.tables.notify_channel, decider.notified)
             listener.start()
         return pool, heartbeater, listener
 
-    def _new_services(self, core: WorkerCore, engine: Engine) -> list[WorkerService]:
+    def _new_services(self, decider: Decider, engine: Engine) -> list[WorkerThread]:
         """The background services of this worker: its entry in the workers registry, the
         scheduler of the queue's periodic jobs and the supervisor of its daemons (these two
         only when there is something to run), and the maintainer of a partitioned history.
 
         A burst run (``run(burst=True)``, a drain) starts none: it runs what is due.
         """
-        from sqla_queue.worker.registry import WorkerRegistry
-
         env = ServiceEnv(
             tables=self.plan.tables,
             engine=engine,
-            worker_id=core.worker_id,
+            worker_id=decider.worker_id,
             session_factory=self.session_factory,
-            maintenance_interval=core.reclaim_interval,
+            maintenance_interval=decider.reclaim_interval,
             lease=self.plan.default_lease,
             shutdown_timeout=self.settings.shutdown_timeout,
-            stop_flag=core.stop_flag,
+            stop_flag=decider.stop_flag,
             tasks=tuple(self.plan.task_names),
             concurrency=self.settings.concurrency,
-            running_count=lambda: core.running_count,
-            worker_stats=lambda: core.stats,
+            running_count=lambda: decider.running_count,
+            worker_stats=lambda: decider.stats,
         )
-        services: list[WorkerService] = [WorkerRegistry(env)]
+        services: list[WorkerThread] = [WorkerRegistry(env)]
         if self.plan.schedules:
-            from sqla_queue.worker.scheduler import Scheduler
-
             services.append(Scheduler(env, self.plan.schedules))
         if self.plan.daemons:
-            from sqla_queue.worker.daemons import DaemonSupervisor
-
             services.append(DaemonSupervisor(env, self.plan.daemons))
         if self.plan.tables.history == HistoryLayout.PARTITIONED:
-            from sqla_queue.worker.history import HistoryMaintainer
-
             services.append(HistoryMaintainer(env))
         return services
 
@@ -315,9 +310,9 @@ class WorkerBase:
             service.request_stop()
         for service in self._services:
             service.join(self.settings.shutdown_timeout + THREAD_JOIN_TIMEOUT)
-        heartbeater.halt.set()
+        heartbeater.request_stop()
         if listener is not None:
-            listener.halt.set()
+            listener.request_stop()
         pool.close()
         heartbeater.join(THREAD_JOIN_TIMEOUT)
         if listener is not None:
@@ -325,5 +320,5 @@ class WorkerBase:
         pool.join(THREAD_JOIN_TIMEOUT)
 
     @staticmethod
-    def _stats(core: WorkerCore) -> RunStats:
-        return RunStats(**core.stats)
+    def _stats(decider: Decider) -> RunStats:
+        return RunStats(**decider.stats)

@@ -3,10 +3,11 @@
 Every worker of a queue with daemons runs one :class:`DaemonSupervisor`. Its thread takes
 free daemon instances (rows of ``daemons`` that nobody holds, or whose holder's lease ran
 out), starts each in a thread of its own (``def``) or on an event loop of its own in a
-thread (``async def``), renews the leases of those it runs at a quarter of their length,
-restarts a crashed instance after a backoff, and on a graceful stop asks each instance to
-stop, waits for them, and releases their rows so that another worker takes them at once.
-Nothing of this touches the worker's handler pool: ``concurrency`` stays whole.
+thread (``async def``; see :mod:`sqla_queue.worker.daemon_runs`), renews the leases of
+those it runs at a quarter of their length, restarts a crashed instance after a backoff,
+and on a graceful stop asks each instance to stop, waits for them, and releases their rows
+so that another worker takes them at once. Nothing of this touches the worker's handler
+pool: ``concurrency`` stays whole.
 
 Ownership is fenced twice. In the database: a renewal only extends a row that still names
 this worker under an unexpired lease, and an instance missing from its result is told to
@@ -19,7 +20,6 @@ ignores the request cannot be stopped (threads cannot be killed), so daemons mus
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.orm import sessionmaker
 
 from sqla_queue.daemons import DaemonContext, DaemonSpec
 from sqla_queue.statements.daemons import (
@@ -43,8 +42,9 @@ from sqla_queue.statements.daemons import (
     release_daemons_statement,
     renew_daemons_statement,
 )
-from sqla_queue.worker.pools import own_pool_engine
+from sqla_queue.worker.daemon_runs import daemon_context, daemon_thread
 from sqla_queue.worker.services import ServiceEnv
+from sqla_queue.worker.threads import WorkerThread
 
 __all__ = ["FENCE_MARGIN", "DaemonSupervisor"]
 
@@ -59,8 +59,6 @@ MAX_TICK = 0.1
 RETRY_DELAY = 0.5
 #: Longest error text kept in ``last_error``.
 MAX_ERROR_TEXT = 2000
-#: Connections the engine of an ``async def`` daemon's loop keeps open between sessions.
-DAEMON_POOL_SIZE = 1
 
 Key = tuple[str, int]
 
@@ -92,15 +90,19 @@ class _Instance:
         return self.thread is not None and self.thread.is_alive()
 
 
-class DaemonSupervisor:
-    """Runs the queue's daemons on one worker: a worker service (see ``services.py``).
+class DaemonSupervisor(WorkerThread):
+    """Runs the queue's daemons on one worker: a worker service (a
+    :class:`~sqla_queue.worker.threads.WorkerThread`).
 
     Build it with the worker's :class:`~sqla_queue.worker.services.ServiceEnv` and the
     queue's :class:`~sqla_queue.daemons.DaemonSpec` list; the worker calls :meth:`start`,
-    then :meth:`request_stop` and :meth:`join`. It also stops when the worker's
-    ``stop_flag`` is set. A database error is logged and the step tried again at its next
-    turn; nothing here stops the worker.
+    then :meth:`request_stop` and :meth:`join`. On a stop request, or when the worker's
+    ``stop_flag`` is set, its thread asks every daemon instance to stop, then releases
+    their rows. A database error is logged and the step tried again at its next turn;
+    nothing here stops the worker.
     """
+
+    thread_name = "sqla-queue-daemons"
 
     def __init__(
         self,
@@ -120,8 +122,6 @@ class DaemonSupervisor:
         #: Seconds between looks for free instances (a dead worker's, a released one).
         self.acquire_interval = max(min(env.maintenance_interval, shortest / 4), 0.05)
         self._clock = clock
-        self._halt = threading.Event()
-        self._wake = threading.Event()
         self._held: dict[Key, _Instance] = {}
         self._lock = threading.Lock()
         self._connection: Connection | None = None
@@ -132,23 +132,7 @@ class DaemonSupervisor:
         self._renew_stmt = renew_daemons_statement(tables)
         self._release_stmt = release_daemons_statement(tables)
         self._crash_stmt = daemon_crash_statement(tables)
-        self._thread = threading.Thread(target=self._run, name="sqla-queue-daemons", daemon=True)
-
-    # -- the WorkerService protocol --------------------------------------------------------
-
-    def start(self) -> None:
-        """Start the supervisor's thread; return at once."""
-        self._thread.start()
-
-    def request_stop(self) -> None:
-        """Ask every daemon instance to stop, then release their rows (in the thread)."""
-        self._halt.set()
-        self._wake.set()
-
-    def join(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for the supervisor's thread to end."""
-        if self._thread.is_alive() or self._thread.ident is not None:
-            self._thread.join(timeout)
+        super().__init__(stop_flag=env.stop_flag)
 
     # -- observation (tests, diagnostics) --------------------------------------------------
 
@@ -158,9 +142,6 @@ class DaemonSupervisor:
             return sorted(key for key, inst in self._held.items() if inst.alive)
 
     # -- the supervisor's thread -----------------------------------------------------------
-
-    def _stopping(self) -> bool:
-        return self._halt.is_set() or self.env.stop_flag.is_set()
 
     def _run(self) -> None:
         try:
@@ -178,8 +159,7 @@ class DaemonSupervisor:
         clock = self._clock
         next_acquire = clock()
         next_renew = clock() + self.renew_interval
-        while not self._stopping():
-            self._wake.clear()
+        while not self.stopping():
             now = clock()
             self._reap(now)
             self._fence_expired(now)
@@ -188,7 +168,7 @@ class DaemonSupervisor:
                 next_renew = now + (
                     self.renew_interval if renewed else min(RETRY_DELAY, self.renew_interval)
                 )
-            if now >= next_acquire and not self._stopping():
+            if now >= next_acquire and not self.stopping():
                 self._acquire()
                 next_acquire = now + self.acquire_interval
             self._restart_due(clock())
@@ -204,7 +184,6 @@ class DaemonSupervisor:
         deadline = clock() + self.env.shutdown_timeout
         next_renew = clock() + self.renew_interval
         while any(inst.alive for inst in self._instances()) and clock() < deadline:
-            self._wake.clear()
             now = clock()
             self._fence_expired(now)
             if now >= next_renew:
@@ -232,9 +211,10 @@ class DaemonSupervisor:
                 self._held.pop(inst.key, None)
 
     def _sleep(self, until: float) -> None:
+        # Never longer than MAX_TICK: the worker's stop flag wakes nobody.
         timeout = min(max(until - self._clock(), 0.0), MAX_TICK)
         if timeout > 0:
-            self._wake.wait(timeout)
+            self.wait_for_wake(timeout)
 
     def _next_event(self) -> float:
         """The earliest local deadline or scheduled restart (infinity when none)."""
@@ -313,7 +293,7 @@ class DaemonSupervisor:
             log.info(
                 "daemon %s[%s] acquired by worker %s", spec.name, inst.number, self.env.worker_id
             )
-            if not self._stopping():  # else it is released with the others, never started
+            if not self.stopping():  # else it is released with the others, never started
                 self._launch(inst)
 
     def _renew(self, only_alive: bool = False) -> bool:
@@ -406,7 +386,7 @@ class DaemonSupervisor:
                 with self._lock:
                     self._held.pop(inst.key, None)
                 continue
-            if self._stopping():
+            if self.stopping():
                 continue  # the shutdown reports how it ended
             error, inst.error = inst.error, None
             if error is not None:
@@ -442,7 +422,7 @@ class DaemonSupervisor:
                 and not inst.fenced
                 and inst.thread is None
                 and now < inst.deadline
-                and not self._stopping()
+                and not self.stopping()
             ):
                 inst.restart_at = None
                 self._launch(inst)
@@ -459,116 +439,13 @@ class DaemonSupervisor:
             )
 
     def _launch(self, inst: _Instance) -> None:
-        spec = inst.spec
-        inst.context = DaemonContext(
-            name=spec.name,
-            instance=inst.number,
-            worker_id=self.env.worker_id,
-            session_factory=self._session_factory_for(spec),
-            is_async=spec.is_async,
-        )
+        inst.context = daemon_context(inst.spec, inst.number, self.env)
         inst.error = None
         inst.started = self._clock()
-        target = self._run_async if spec.is_async else self._run_sync
-        inst.thread = threading.Thread(
-            target=target,
-            args=(inst, inst.context),
-            name=f"sqla-queue-daemon-{spec.name}-{inst.number}",
-            daemon=True,  # a daemon that ignores the stop request must not hold the process
-        )
+        inst.thread = daemon_thread(inst.spec, inst.context, lambda error: self._ended(inst, error))
         inst.thread.start()
 
-    def _session_factory_for(self, spec: DaemonSpec) -> Any:
-        """The factory a daemon's context offers: one the daemon can use on its thread.
-
-        A ``def`` daemon of an async worker gets a ``sessionmaker`` on the service's sync
-        engine; an ``async def`` daemon of an async worker gets its factory rebound, on its
-        own loop (see :meth:`_run_async`); otherwise it is the worker's own factory.
-        """
-        factory = self.env.session_factory
-        if not spec.is_async and _is_async_factory(factory):
-            return sessionmaker(bind=self.env.engine)
-        return factory
-
-    def _run_sync(self, inst: _Instance, ctx: DaemonContext) -> None:
-        try:
-            inst.spec.function(ctx)
-        except BaseException as exc:  # SystemExit too: a crash of this instance only
-            inst.error = exc
-        finally:
-            _close_sync(ctx)
-            self._wake.set()
-
-    def _run_async(self, inst: _Instance, ctx: DaemonContext) -> None:
-        try:
-            asyncio.run(self._main_async(inst, ctx))
-        except BaseException as exc:
-            inst.error = exc
-        finally:
-            self._wake.set()
-
-    async def _main_async(self, inst: _Instance, ctx: DaemonContext) -> None:
-        from sqlalchemy.ext.asyncio import async_sessionmaker
-
-        engine = None
-        factory = ctx.session_factory
-        if _is_async_factory(factory) and factory.kw.get("bind") is not None:
-            # The worker's async engine belongs to the worker's loop; this loop gets its own.
-            engine = _loop_engine(factory.kw["bind"])
-            options = {k: v for k, v in factory.kw.items() if k != "bind"}
-            ctx.session_factory = async_sessionmaker(bind=engine, class_=factory.class_, **options)
-        try:
-            await inst.spec.function(ctx)
-        finally:
-            session = ctx._take_session()
-            if session is not None:
-                try:
-                    result = session.close()
-                    if asyncio.iscoroutine(result):
-                        await result
-                except Exception:
-                    log.exception("closing daemon %s's session failed", inst.key)
-            if engine is not None:
-                await engine.dispose()
-
-
-def _loop_engine(bind: Any) -> Any:
-    """An async engine for the daemon's own event loop, derived from the worker's ``bind``.
-
-    It is ``bind``'s engine in all but its pool (see :func:`own_pool_engine`): the same URL,
-    ``connect_args`` or ``async_creator``, engine and pool events (a ``connect`` listener
-    that sets ``search_path``) and execution options (a tenant's ``schema_translate_map``,
-    a bound connection's too), with one connection kept, opened on this loop. Rebuilding
-    it from the URL would lose all of those. Dispose of it on the same loop.
-    """
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
-    options: dict[str, Any] = {}
-    if isinstance(bind, AsyncConnection):  # a connection cannot cross loops: its engine can
-        if bind.sync_connection is not None:
-            options = dict(bind.sync_connection.get_execution_options())
-        bind = bind.engine
-    if not isinstance(bind, AsyncEngine):
-        raise TypeError(
-            f"an async def daemon needs an async_sessionmaker bound to an AsyncEngine or "
-            f"AsyncConnection, got bind={bind!r}"
-        )
-    own = own_pool_engine(bind.sync_engine, DAEMON_POOL_SIZE)
-    if options:  # in place: disposing of a wrapper would tell the app's engine listeners
-        own.update_execution_options(**options)
-    return AsyncEngine(own)
-
-
-def _is_async_factory(factory: Any) -> bool:
-    from sqlalchemy.ext.asyncio import async_sessionmaker
-
-    return isinstance(factory, async_sessionmaker)
-
-
-def _close_sync(ctx: DaemonContext) -> None:
-    session = ctx._take_session()
-    if session is not None:
-        try:
-            session.close()
-        except Exception:
-            log.exception("closing daemon %s[%s]'s session failed", ctx.name, ctx.instance)
+    def _ended(self, inst: _Instance, error: BaseException | None) -> None:
+        """A run ended (called on its thread): keep how, and wake the supervisor."""
+        inst.error = error
+        self.wake()

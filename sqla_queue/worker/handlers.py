@@ -1,11 +1,10 @@
-"""Running handlers: the call, its outcome, and the threads and loop they run on.
+"""Running handlers: the call, and its outcome.
 
-Both faces use these. A :class:`HandlerRunner` calls a handler with the arguments the core
-decoded at claim time, turns its return value or exception into an
+Both faces use these. A :class:`HandlerRunner` calls a handler with the arguments the
+decider decoded at claim time, turns its return value or exception into an
 :class:`~sqla_queue.logic.outcomes.Outcome` (encoded here, once, off the run loop), and
-hands that to the core in one call. Handler threads are daemons on purpose: after
-``shutdown_timeout`` a stuck handler must not keep the process alive; its job has been
-handed back already.
+hands that to the decider in one call. Where handlers run (threads, a private loop) is
+:mod:`sqla_queue.worker.executors`; their sessions are :mod:`sqla_queue.worker.sessions`.
 
 The runner is also where the worker's observers (:mod:`sqla_queue.instrumentation`) hear
 an attempt start and finish, in the thread or task that runs the handler, and where every
@@ -17,18 +16,14 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import queue as queue_module
-import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy.exc import PendingRollbackError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from sqla_queue._sqlstate import sqlstate_of
 from sqla_queue.instrumentation import WorkerObserver, combine_observers, job_log_fields
 from sqla_queue.logic.outcomes import (
     ClaimedJob,
@@ -39,92 +34,33 @@ from sqla_queue.logic.outcomes import (
     outcome_for_error,
     outcome_for_return,
     outcome_refused,
-    outcomes_json,
     plain_error_entry,
     sanitize_text,
 )
 from sqla_queue.worker.context import JobContext
-from sqla_queue.worker.failures import database_message
-from sqla_queue.worker.plan import TaskRuntime, WorkerPlan
+from sqla_queue.worker.plan import TaskRuntime
+from sqla_queue.worker.sessions import (
+    InTransaction,
+    aborted_or,
+    close_abandoned_sessions,
+    close_async_sessions,
+    close_sync_sessions,
+    roll_back_sync,
+)
 
-__all__ = [
-    "AbortedTransactionError",
-    "HandlerPool",
-    "HandlerRunner",
-    "InTransaction",
-    "PrivateLoop",
-    "RunningJob",
-    "check_transactional_binds",
-    "stops_the_process",
-]
+__all__ = ["HandlerRunner", "RunningJob", "stops_the_process"]
 
 log = logging.getLogger("sqla_queue.worker")
 
 #: Longest ``repr`` kept in place of a result that JSON cannot hold.
 MAX_RESULT_REPR = 10_000
-#: SQLSTATE of a statement sent in a transaction that an earlier error aborted.
-IN_FAILED_TRANSACTION = "25P02"
-#: Seconds a sync worker's private loop gives its cancelled handlers to end, at shutdown.
-CANCEL_GRACE = 1.0
-
-
-class AbortedTransactionError(RuntimeError):
-    """A transactional handler returned from a transaction that a database error it
-    caught had aborted: nothing of it can commit, so the attempt fails."""
-
-
-def check_transactional_binds(plan: WorkerPlan, session_factory: Any) -> None:
-    """Refuse transactional tasks when the handlers' sessions would autocommit.
-
-    A ``transactional=True`` task commits its handler's writes with its job's completion,
-    or rolls both back. On an engine in ``AUTOCOMMIT`` every statement commits on its
-    own, so a failed attempt's writes would stay.
-
-    Raises:
-        ValueError: naming the tasks and the fix, if ``session_factory``'s bind (engine,
-            connection, or their async forms) is in ``AUTOCOMMIT`` by its
-            ``create_engine(isolation_level=...)`` or its execution options.
-    """
-    how = _autocommit_by(getattr(session_factory, "kw", {}).get("bind"))
-    if how is None:
-        return
-    tasks = sorted(name for name, task in plan.tasks.items() if task.transactional)
-    if not tasks:
-        return
-    raise ValueError(
-        f"transactional task(s) {', '.join(tasks)} cannot run on this session factory: its "
-        f"engine is in AUTOCOMMIT ({how}), so each statement of a handler would commit on "
-        "its own and a failed attempt's writes would stay. Give the worker a sessionmaker "
-        "bound to an engine that is not in AUTOCOMMIT (create_engine(url), or "
-        "engine.execution_options(isolation_level='READ COMMITTED')), or register the "
-        "task(s) without transactional=True"
-    )
-
-
-def _autocommit_by(bind: Any) -> str | None:
-    """How ``bind`` is put in AUTOCOMMIT, or None when it is not."""
-    sync = getattr(bind, "sync_engine", None) or getattr(bind, "sync_connection", None) or bind
-    if sync is None:
-        return None
-    options = sync.get_execution_options() if hasattr(sync, "get_execution_options") else {}
-    if _is_autocommit(options.get("isolation_level")):
-        return "execution_options(isolation_level='AUTOCOMMIT')"
-    # Where create_engine(isolation_level=...) keeps the level it sets on each connection.
-    dialect = getattr(sync, "dialect", None)
-    if _is_autocommit(getattr(dialect, "_on_connect_isolation_level", None)):
-        return "create_engine(..., isolation_level='AUTOCOMMIT')"
-    return None
-
-
-def _is_autocommit(level: Any) -> bool:
-    return isinstance(level, str) and level.strip().upper() == "AUTOCOMMIT"
 
 
 @dataclass(eq=False)
 class RunningJob:
     """One claimed execution on its way through a handler.
 
-    The core builds it when the claim returns, with the payload already decoded, and
+    The decider builds it when the claim returns, with the payload already decoded, and
     forgets it when the outcome is recorded or the job is released at shutdown.
     """
 
@@ -180,35 +116,6 @@ def stops_the_process(exc: BaseException) -> bool:
     return isinstance(exc, KeyboardInterrupt | SystemExit)
 
 
-@dataclass(frozen=True)
-class InTransaction:
-    """How a transactional task's completion joins the handler's own transaction.
-
-    The statements are the worker's: its planner guard and its fenced completion, sent
-    for one outcome through the handler's ``ctx.session``. A completion the fence refuses
-    (the execution was reclaimed) rolls the whole transaction back, the handler's writes
-    included.
-    """
-
-    guard: Any
-    statement: Any
-    worker_id: uuid.UUID
-
-    #: The outcomes committed with the handler's writes: those of a handler that returned
-    #: (a success, or a ``Reschedule`` it returned). Any other outcome rolls them back.
-    KINDS = (OutcomeKind.SUCCEEDED, OutcomeKind.RESCHEDULE)
-
-    def steps(self, outcome: Outcome) -> list[tuple[Any, dict[str, Any]]]:
-        """The two statements to run in the handler's transaction, with parameters."""
-        params = {"outcomes": outcomes_json([outcome]), "worker": self.worker_id}
-        return [(self.guard, {}), (self.statement, params)]
-
-    @staticmethod
-    def applied(rows: Sequence[Any], job_id: int) -> bool:
-        """Whether the completion's rows say it applied (commit) or was fenced (roll back)."""
-        return any(row[0] == job_id for row in rows)
-
-
 class HandlerRunner:
     """Calls handlers and reports each outcome to ``record``, exactly once per call.
 
@@ -220,7 +127,7 @@ class HandlerRunner:
     ``stop`` is called (after the outcome is recorded) when a handler raised
     ``KeyboardInterrupt`` or ``SystemExit``. ``observer`` hears each call start and finish
     (see :mod:`sqla_queue.instrumentation`); by default, the observers of the settings of
-    the worker core that ``record`` belongs to.
+    the worker decider that ``record`` belongs to.
     """
 
     def __init__(
@@ -272,7 +179,7 @@ class HandlerRunner:
                 else:
                     applied = settled
         finally:
-            _close_sync_session(running)
+            close_sync_sessions(running.context, running.job)
         self._finished(running, outcome.kind, raised, began)
         if applied is not None:
             self._settled(running, outcome, applied)
@@ -339,9 +246,9 @@ class HandlerRunner:
             raise
         finally:
             if closing:
-                _close_abandoned_sessions(running)  # a closing coroutine may not await
+                close_abandoned_sessions(running.context)  # a closing coroutine may not await
             else:
-                await _close_async_session(running)
+                await close_async_sessions(running.context, running.job)
         self._finished(running, outcome.kind, raised, began)
         if applied is not None:
             self._settled(running, outcome, applied)
@@ -368,7 +275,7 @@ class HandlerRunner:
         """Tell the observers an attempt starts; the clock reading its duration starts from.
 
         A transactional task's context watches its session for errors from here on (see
-        :func:`_aborted_or`).
+        :func:`~sqla_queue.worker.sessions.aborted_or`).
         """
         if running.runtime.transactional and running.context is not None:
             running.context._arm_error_watch()
@@ -395,7 +302,7 @@ class HandlerRunner:
         *,
         shutdown: bool = False,
     ) -> None:
-        """Tell the observers the attempt ended, before its outcome reaches the core.
+        """Tell the observers the attempt ended, before its outcome reaches the decider.
 
         Before, so that an observer's view is never behind the database's: once a job's
         outcome is written, its metrics and span are already there.
@@ -460,8 +367,8 @@ class HandlerRunner:
             else:
                 session.rollback()
         except Exception as exc:
-            _roll_back_sync(session, running)
-            return self._commit_failed(running, _aborted_or(exc, caught))
+            roll_back_sync(session, running.job)
+            return self._commit_failed(running, aborted_or(exc, caught))
         return applied
 
     async def _complete_in_session_async(
@@ -497,7 +404,7 @@ class HandlerRunner:
                     exc_info=True,
                     extra=job_log_fields(running.job),
                 )
-            return self._commit_failed(running, _aborted_or(exc, caught))
+            return self._commit_failed(running, aborted_or(exc, caught))
         return applied
 
     def _commit_failed(self, running: RunningJob, exc: BaseException) -> Outcome:
@@ -511,7 +418,7 @@ class HandlerRunner:
         return self.outcome_of_error(running, exc)
 
     def _settled(self, running: RunningJob, outcome: Outcome, applied: bool) -> None:
-        # The core logs a fenced outcome, as it does for the buffered ones.
+        # The decider logs a fenced outcome, as it does for the buffered ones.
         if self.settle is not None:
             self.settle(running, outcome, applied)
 
@@ -637,26 +544,6 @@ class HandlerRunner:
         )
 
 
-def _aborted_or(exc: Exception, caught: BaseException | None) -> BaseException:
-    """Why a transactional handler's completion failed: ``exc``, or, when the handler had
-    caught a database error (``caught``) that left its transaction aborted, that error.
-
-    The completion's own statements then fail only because the transaction is aborted;
-    naming them (the worker's planner guard) would point away from the handler.
-    """
-    aborted = isinstance(exc, PendingRollbackError) or sqlstate_of(exc) == IN_FAILED_TRANSACTION
-    if caught is None or not aborted:
-        return exc
-    error = AbortedTransactionError(
-        "the handler's transaction was aborted by an error it caught: "
-        f"{database_message(caught)}; nothing it wrote in that transaction was committed. "
-        "After catching a database error on ctx.session, roll the session back (or run the "
-        "statement that may fail in session.begin_nested()), or let the error propagate"
-    )
-    error.__cause__ = caught
-    return error
-
-
 def _plain_failure(
     job: ClaimedJob, reason: Exception, *, worker_id: uuid.UUID, now: dt.datetime
 ) -> Outcome:
@@ -677,7 +564,7 @@ def _plain_failure(
 
 
 def _observer_of(record: Callable[..., Any]) -> WorkerObserver | None:
-    """The observers of the settings of the worker core ``record`` is a method of.
+    """The observers of the settings of the worker decider ``record`` is a method of.
 
     How a runner built without ``observer=`` finds the worker's ``observers`` setting.
     """
@@ -693,160 +580,3 @@ def _describe(exc: BaseException) -> str:
         text = ""
     text, _ = sanitize_text(text[:500])
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _roll_back_sync(session: Any, running: RunningJob) -> None:
-    try:
-        session.rollback()
-    except Exception:
-        log.debug(
-            "rolling back job %s's session failed",
-            running.job.id,
-            exc_info=True,
-            extra=job_log_fields(running.job),
-        )
-
-
-def _close_sync_session(running: RunningJob) -> None:
-    ctx = running.context
-    for session in ctx._take_sessions() if ctx is not None else ():
-        try:
-            session.close()
-        except Exception:
-            log.exception(
-                "closing the handler's session of job %s failed",
-                running.job.id,
-                extra=job_log_fields(running.job),
-            )
-
-
-def _close_abandoned_sessions(running: RunningJob) -> None:
-    """Close what an abandoned run's sessions let close without awaiting: a ``Session``.
-
-    An ``AsyncSession`` cannot be closed from a coroutine that is being closed; its
-    connection goes back to its pool when it is garbage-collected.
-    """
-    ctx = running.context
-    for session in ctx._take_sessions() if ctx is not None else ():
-        if isinstance(session, AsyncSession):
-            continue
-        try:
-            session.close()
-        except Exception:
-            log.debug("closing an abandoned handler's session failed", exc_info=True)
-
-
-async def _close_async_session(running: RunningJob) -> None:
-    ctx = running.context
-    for session in ctx._take_sessions() if ctx is not None else ():
-        try:
-            result = session.close()
-            if asyncio.iscoroutine(result):
-                await result
-        except Exception:
-            log.exception(
-                "closing the handler's session of job %s failed",
-                running.job.id,
-                extra=job_log_fields(running.job),
-            )
-
-
-class HandlerPool:
-    """A fixed set of daemon threads running submitted callables."""
-
-    def __init__(self, size: int, name: str = "sqla-queue-handler") -> None:
-        self._tasks: queue_module.SimpleQueue[Callable[[], None] | None] = (
-            queue_module.SimpleQueue()
-        )
-        self._threads = [
-            threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
-            for i in range(size)
-        ]
-        self._busy: set[threading.Thread] = set()
-        for thread in self._threads:
-            thread.start()
-
-    def _serve(self) -> None:
-        me = threading.current_thread()
-        while True:
-            item = self._tasks.get()
-            if item is None:
-                return
-            self._busy.add(me)
-            try:
-                item()
-            except BaseException:
-                log.exception("a handler thread caught an unexpected error")
-            finally:
-                self._busy.discard(me)
-
-    def submit(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the next free thread."""
-        self._tasks.put(fn)
-
-    def close(self) -> None:
-        """Let the threads exit once their current call returns; does not wait for them."""
-        for _ in self._threads:
-            self._tasks.put(None)
-
-    def join(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds in all for the idle threads to end (after
-        :meth:`close`). A thread still running a handler is not waited for."""
-        deadline = time.monotonic() + timeout
-        for thread in self._threads:
-            if thread not in self._busy:
-                thread.join(max(0.0, deadline - time.monotonic()))
-
-
-class PrivateLoop:
-    """An event loop in its own daemon thread, for ``async def`` handlers of a sync worker."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="sqla-queue-async-handlers", daemon=True
-        )
-        self._thread.start()
-
-    def submit(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Schedule ``coro`` (a handler run that records its own outcome) on the loop."""
-        asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Cancel the unfinished handlers, then stop the loop; wait up to ``timeout``
-        seconds in all.
-
-        Their jobs were released already; a cancelled handler ends as the asyncio worker's
-        do at shutdown. One that ignores its cancellation for :data:`CANCEL_GRACE` seconds
-        is abandoned: the loop stops under it.
-        """
-        deadline = time.monotonic() + timeout
-        cancelled = asyncio.run_coroutine_threadsafe(_cancel_others(CANCEL_GRACE), self.loop)
-        try:
-            cancelled.result(min(timeout, CANCEL_GRACE + 0.5))
-        except Exception:  # a handler blocks the loop: stop it all the same
-            cancelled.cancel()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(max(0.0, deadline - time.monotonic()))
-
-
-async def _cancel_others(grace: float) -> None:
-    """Cancel every other task of the running loop; wait up to ``grace`` for them.
-
-    A task still pending then is abandoned with a warning here, instead of asyncio's
-    "Task was destroyed but it is pending!" error when it is garbage-collected.
-    """
-    tasks = asyncio.all_tasks() - {asyncio.current_task()}
-    for task in tasks:
-        task.cancel()
-    if not tasks:
-        return
-    _, pending = await asyncio.wait(tasks, timeout=grace)
-    for task in pending:
-        task._log_destroy_pending = False  # type: ignore[attr-defined]
-    if pending:
-        log.warning(
-            "%d async handler(s) ignored their cancellation at shutdown; abandoned (their "
-            "jobs were handed back)",
-            len(pending),
-        )

@@ -23,7 +23,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqla_queue._sqlstate import INSUFFICIENT_PRIVILEGE, sqlstate_of
 from sqla_queue.history import DEFAULT_AHEAD, maintain_history
 from sqla_queue.history.partitions import MaintainReport
-from sqla_queue.worker.services import ServiceEnv, ThreadedService
+from sqla_queue.worker.services import ServiceEnv
+from sqla_queue.worker.threads import WorkerThread
 
 __all__ = ["MAINTAIN_INTERVAL", "HistoryMaintainer"]
 
@@ -33,15 +34,17 @@ log = logging.getLogger("sqla_queue.history")
 MAINTAIN_INTERVAL = 600.0
 
 
-class HistoryMaintainer(ThreadedService):
-    """A :class:`~sqla_queue.worker.services.WorkerService` creating history partitions."""
+class HistoryMaintainer(WorkerThread):
+    """A worker service (a :class:`~sqla_queue.worker.threads.WorkerThread`) creating
+    history partitions: at start, then every ``interval`` seconds until
+    ``request_stop()`` or the worker's stop flag."""
 
     thread_name = "sqla-queue-history"
 
     def __init__(self, env: ServiceEnv, *, interval: float = MAINTAIN_INTERVAL) -> None:
         self.env = env
         self.interval = interval
-        super().__init__()
+        super().__init__(stop_flag=env.stop_flag)
         #: The report of the last successful run, for tests and status pages.
         self.last_report: MaintainReport | None = None
 
@@ -69,8 +72,9 @@ class HistoryMaintainer(ThreadedService):
             )
         return True
 
-    def _loop(self) -> None:
-        while not self._halt.is_set() and not self.env.stop_flag.is_set():
-            if not self.run_once():
-                return
-            self._halt.wait(self.interval)
+    def _run(self) -> None:
+        """Maintain until stopped, or until the role turns out not to be allowed to."""
+        self.repeat(self._step)
+
+    def _step(self) -> float | None:
+        return self.interval if self.run_once() else None

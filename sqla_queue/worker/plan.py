@@ -3,7 +3,7 @@
 A worker never sees the ``Queue``. The queue builds a frozen :class:`WorkerPlan` for the
 tasks a worker serves: its tables, whether enqueues notify, and per task a
 :class:`TaskRuntime` with the handler and every default already settled (retry policy,
-attempts, lease, reclaims, declared limit). The core's unit tests build plans by hand.
+attempts, lease, reclaims, declared limit). The decider's unit tests build plans by hand.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sqla_queue.checks import check_seconds, check_whole_number
 from sqla_queue.logic.backoff import RetryPolicy
-from sqla_queue.logic.times import MAX_LOST_INTERVAL, check_seconds
+from sqla_queue.logic.times import MAX_LOST_INTERVAL
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.spec import check_whole_number
 
 __all__ = ["TaskRuntime", "WorkerPlan"]
 

@@ -6,8 +6,9 @@ re-parses the ``%(name)s`` placeholders of any statement longer than 4 KB (the s
 claim is). Measured on the development machine (bench/levers.py), that was more client CPU
 per claim than the rest of the claim put together.
 
-Here each statement is compiled once with the connection's dialect, its placeholders
-numbered once, and each run only lines up the values. The faces execute the result on the
+Here each statement is compiled once with the connection's dialect and its placeholders
+numbered once (by the library's one compile cache, :mod:`sqla_queue.compiled`), and each
+run only lines up the values. The faces execute the result on the
 driver connection with a raw cursor, which sends the text as it is. Only psycopg is served;
 with any other driver the faces run the statements through SQLAlchemy as before. This
 module does no I/O.
@@ -15,12 +16,14 @@ module does no I/O.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
+
+from sqla_queue.compiled import StatementCache
 
 __all__ = [
     "RawStatements",
@@ -30,9 +33,6 @@ __all__ = [
     "supports_raw",
     "unit_statement",
 ]
-
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
-_POSTCOMPILE = re.compile(r"__\[POSTCOMPILE_(\w+)\]")
 
 
 def supports_raw(dialect: Dialect) -> bool:
@@ -61,62 +61,8 @@ class RenderedStatement:
     args: list[Any]
 
 
-@dataclass(frozen=True)
-class _Template:
-    sql: str
-    names: tuple[str, ...]
-
-
 _BEGIN = RenderedStatement("BEGIN", [])
 _COMMIT = RenderedStatement("COMMIT", [])
-
-
-class _Compiled:
-    """One statement compiled for a dialect; a template per literal-execute value set."""
-
-    def __init__(self, statement: Any, dialect: Dialect) -> None:
-        compiled = statement.compile(dialect=dialect)
-        # Values SQLAlchemy bound itself (the ``1`` of ``attempt + 1``, and so on).
-        # A bind without a value (``bindparam("worker")``) is required from the caller.
-        self.defaults: dict[str, Any] = {
-            name: value
-            for name, value in compiled.params.items()
-            if not compiled.binds[name].required
-        }
-        # The conversions a type applies to its values on the way in (an ARRAY's, say),
-        # as Connection.execute would apply them.
-        self.processors: dict[str, Any] = dict(getattr(compiled, "_bind_processors", {}))
-        self.text = str(compiled)
-        self.literal_names = tuple(dict.fromkeys(_POSTCOMPILE.findall(self.text)))
-        self.templates: dict[tuple[int, ...], _Template] = {}
-
-    def template(self, params: Mapping[str, Any]) -> _Template:
-        literals = tuple(_whole_number(name, params[name]) for name in self.literal_names)
-        found = self.templates.get(literals)
-        if found is None:
-            values = dict(zip(self.literal_names, literals, strict=True))
-            text = _POSTCOMPILE.sub(lambda m: str(values[m.group(1)]), self.text)
-            names: list[str] = []
-            for name in _PLACEHOLDER.findall(text):
-                if name not in names:
-                    names.append(name)
-
-            def number(match: re.Match[str]) -> str:
-                return f"${names.index(match.group(1)) + 1}"
-
-            # psycopg would undo the %% escaping; the raw cursor sends the text as it is.
-            sql = _PLACEHOLDER.sub(number, text).replace("%%", "%")
-            found = _Template(sql, tuple(names))
-            self.templates[literals] = found
-        return found
-
-
-def _whole_number(name: str, value: Any) -> int:
-    # Only whole numbers are ever rendered into the text: nothing a caller passes can
-    # change the statement's shape.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int to be rendered into a statement, got {value!r}")
-    return value
 
 
 class RawStatements:
@@ -136,7 +82,8 @@ class RawStatements:
 
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect
-        self._compiled: dict[int, tuple[Any, _Compiled]] = {}
+        self._compiled = StatementCache(dialect)
+        # Imported here: psycopg is an optional driver, and only its dialect gets here.
         from psycopg import Pipeline
 
         #: Whether the libpq under psycopg has pipeline mode (libpq 14 and later).
@@ -144,12 +91,7 @@ class RawStatements:
 
     def render(self, statement: Any, params: Mapping[str, Any]) -> RenderedStatement:
         """``statement`` with ``params`` as ``$n`` text and positional values."""
-        entry = self._compiled.get(id(statement))
-        if entry is None or entry[0] is not statement:
-            # The statement is kept alive beside its id so the id cannot be reused.
-            entry = (statement, _Compiled(statement, self.dialect))
-            self._compiled[id(statement)] = entry
-        compiled = entry[1]
+        compiled = self._compiled.get(statement)
         template = compiled.template(params)
         values = {**compiled.defaults, **params}
         processors = compiled.processors
@@ -207,8 +149,6 @@ def driver_error(
     The faces then treat a raw statement's failure exactly like any other: the same
     ``DBAPIError`` handling, the same SQLSTATE reading.
     """
-    from sqlalchemy.exc import DBAPIError
-
     return DBAPIError.instance(
         rendered.sql,
         rendered.args,

@@ -29,7 +29,8 @@ from sqla_queue.statements.registry import (
     expire_workers_statement,
     unregister_worker_statement,
 )
-from sqla_queue.worker.services import ServiceEnv, ThreadedService
+from sqla_queue.worker.services import ServiceEnv
+from sqla_queue.worker.threads import WorkerThread, backoff
 
 __all__ = ["BEAT_INTERVAL", "EXPIRE_AFTER", "WorkerRegistry", "finished_jobs"]
 
@@ -53,8 +54,9 @@ def finished_jobs(stats: Mapping[str, int]) -> int:
     return sum(int(stats.get(key, 0)) for key in ("succeeded", "failed", "cancelled"))
 
 
-class WorkerRegistry(ThreadedService):
-    """A :class:`~sqla_queue.worker.services.WorkerService` keeping the worker's row.
+class WorkerRegistry(WorkerThread):
+    """A worker service (a :class:`~sqla_queue.worker.threads.WorkerThread`) keeping the
+    worker's row.
 
     ``beat()`` writes the row once (and expires stale rows); the thread started by
     ``start()`` beats every ``beat_interval`` seconds until ``request_stop()``, then deletes
@@ -80,17 +82,12 @@ class WorkerRegistry(ThreadedService):
         #: Beats written, and beats that failed (logged, then retried).
         self.beats = 0
         self.failures = 0
+        self._failures_in_row = 0
         super().__init__()
         tables = env.tables
         self._beat = beat_worker_statement(tables)
         self._expire = expire_workers_statement(tables)
         self._unregister = unregister_worker_statement(tables)
-
-    # -- WorkerService ------------------------------------------------------------------
-
-    def request_stop(self) -> None:
-        """Stop beating and delete the worker's row (from the thread, before it ends)."""
-        self._halt.set()
 
     # -- one beat -----------------------------------------------------------------------
 
@@ -128,27 +125,32 @@ class WorkerRegistry(ThreadedService):
 
     # -- the loop -----------------------------------------------------------------------
 
-    def _loop(self) -> None:
-        failures = 0
-        while not self._halt.is_set():
-            try:
-                self.beat()
-                failures = 0
-                wait = self.beat_interval
-            except SQLAlchemyError as exc:
-                failures += 1
-                self.failures += 1
-                wait = min(self.beat_interval * 2.0 ** min(failures, 6), _MAX_BACKOFF)
-                log.warning("worker registry beat failed (%s); retrying in %.1f s", exc, wait)
-            except Exception:
-                # A bug here must not end the worker: the registry only informs operators.
-                failures += 1
-                self.failures += 1
-                wait = min(self.beat_interval * 2.0 ** min(failures, 6), _MAX_BACKOFF)
-                log.exception("worker registry beat failed; retrying in %.1f s", wait)
-            self._halt.wait(wait)
+    def _run(self) -> None:
+        """Beat until :meth:`request_stop`, then delete the worker's row."""
+        self.repeat(self._step)
         try:
             self.unregister()
         except Exception as exc:
             # The row expires on its own once other workers' beats see it stale.
             log.warning("could not delete this worker's registry row (%s); it will expire", exc)
+
+    def _step(self) -> float:
+        """One beat; the seconds until the next (longer after failures in a row)."""
+        try:
+            self.beat()
+        except SQLAlchemyError as exc:
+            wait = self._failed()
+            log.warning("worker registry beat failed (%s); retrying in %.1f s", exc, wait)
+        except Exception:
+            # A bug here must not end the worker: the registry only informs operators.
+            wait = self._failed()
+            log.exception("worker registry beat failed; retrying in %.1f s", wait)
+        else:
+            self._failures_in_row = 0
+            wait = self.beat_interval
+        return wait
+
+    def _failed(self) -> float:
+        self._failures_in_row += 1
+        self.failures += 1
+        return backoff(self.beat_interval, self._failures_in_row, cap=_MAX_BACKOFF)

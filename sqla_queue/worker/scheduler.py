@@ -39,7 +39,8 @@ from sqla_queue.statements.periodic import (
     database_now_statement,
     read_schedules_statement,
 )
-from sqla_queue.worker.services import ServiceEnv, ThreadedService
+from sqla_queue.worker.services import ServiceEnv
+from sqla_queue.worker.threads import WorkerThread, backoff
 
 __all__ = ["HORIZON_INTERVALS", "Scheduler"]
 
@@ -51,8 +52,6 @@ HORIZON_INTERVALS = 2.0
 # The shortest sleep between passes, and the longest backoff after database errors.
 _MIN_WAIT = 0.05
 _MAX_BACKOFF = 60.0
-# Slices of every wait, so a stop (request_stop or the worker's stop flag) ends it soon.
-_WAIT_SLICE = 0.25
 
 
 def _transient(exc: BaseException) -> bool:
@@ -67,8 +66,9 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError | InterfaceError)
 
 
-class Scheduler(ThreadedService):
-    """A :class:`~sqla_queue.worker.services.WorkerService` that enqueues periodic ticks.
+class Scheduler(WorkerThread):
+    """A worker service (a :class:`~sqla_queue.worker.threads.WorkerThread`) that enqueues
+    periodic ticks.
 
     ``run_pass()`` does one pass and returns the seconds until the next one; the thread
     started by ``start()`` loops over it until ``request_stop()`` or the worker's stop
@@ -76,6 +76,8 @@ class Scheduler(ThreadedService):
     """
 
     thread_name = "sqla-queue-scheduler"
+    # A wait between passes can last minutes: the worker's stop flag ends it this soon.
+    flag_poll = 0.25
 
     def __init__(
         self, env: ServiceEnv, schedules: Sequence[Schedule], *, rng: random.Random | None = None
@@ -97,7 +99,8 @@ class Scheduler(ThreadedService):
         #: Seconds after its time that a tick not enqueued yet counts as missed.
         self.grace = self.horizon
         self._rng = rng or random.Random()
-        super().__init__()
+        self._failures_in_row = 0
+        super().__init__(stop_flag=env.stop_flag)
         tables = env.tables
         self._now = database_now_statement()
         self._read = read_schedules_statement(tables)
@@ -107,45 +110,33 @@ class Scheduler(ThreadedService):
         self.enqueued = 0
         self.dropped = 0
 
-    # -- WorkerService ------------------------------------------------------------------
-
-    def request_stop(self) -> None:
-        """Stop after the pass under way: its transaction commits or rolls back whole."""
-        self._halt.set()
+    # -- the loop -----------------------------------------------------------------------
 
     def _wanted(self) -> bool:
         return bool(self.schedules)
 
-    # -- the loop -----------------------------------------------------------------------
+    def _run(self) -> None:
+        """Run passes until :meth:`request_stop` or the worker's stop flag; a pass under
+        way finishes first (its transaction commits or rolls back whole)."""
+        self.repeat(self._step)
 
-    def _stopping(self) -> bool:
-        return self._halt.is_set() or self.env.stop_flag.is_set()
-
-    def _loop(self) -> None:
-        failures = 0
-        while not self._stopping():
-            try:
-                wait = self.run_pass()
-                failures = 0
-            except Exception as exc:
-                failures += 1
-                wait = min(_MAX_BACKOFF, max(self.interval, 1.0) * 2 ** min(failures - 1, 6))
-                log.warning(
-                    "periodic scheduler: pass failed (%s: %s); retrying in %.1f s",
-                    type(exc).__name__,
-                    exc,
-                    wait,
-                    exc_info=failures == 1,
-                )
-            self._sleep(wait)
-
-    def _sleep(self, seconds: float) -> None:
-        left = seconds
-        while left > 0 and not self._stopping():
-            step = min(left, _WAIT_SLICE)
-            if self._halt.wait(step):
-                return
-            left -= step
+    def _step(self) -> float:
+        """One pass; the seconds until the next (longer after failures in a row)."""
+        try:
+            wait = self.run_pass()
+        except Exception as exc:
+            self._failures_in_row += 1
+            wait = backoff(max(self.interval, 1.0), self._failures_in_row - 1, cap=_MAX_BACKOFF)
+            log.warning(
+                "periodic scheduler: pass failed (%s: %s); retrying in %.1f s",
+                type(exc).__name__,
+                exc,
+                wait,
+                exc_info=self._failures_in_row == 1,
+            )
+        else:
+            self._failures_in_row = 0
+        return wait
 
     def run_pass(self) -> float:
         """One pass over every schedule; the seconds until the next pass is due.

@@ -7,9 +7,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
+from sqla_queue.checks import check_seconds, check_whole_number
 from sqla_queue.instrumentation import WorkerObserver, check_observers
-from sqla_queue.logic.times import check_seconds
-from sqla_queue.spec import check_whole_number
 
 __all__ = ["MAX_CONCURRENCY", "MAX_SECONDS", "MIN_INTERVAL", "WorkerSettings"]
 

@@ -22,7 +22,7 @@ class _Relay(threading.Thread):
     """Runs the first signal's callback on a thread of its own.
 
     A signal handler runs on the main thread between two bytecodes, possibly while that
-    thread holds a lock the callback needs (the run loop's wake-up event, the core's lock):
+    thread holds a lock the callback needs (the run loop's wake-up event, the decider's lock):
     taking it there would wait forever. The handler only writes a byte to a pipe, which
     takes no lock; this thread reads it and calls back, taking locks as any thread does.
     """

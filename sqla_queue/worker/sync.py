@@ -16,8 +16,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqla_queue.schema.verify import verify_schema
 from sqla_queue.worker.actions import Claim, Flush, Maintain, Stop, Wait, Work
 from sqla_queue.worker.base import RunStats, WorkerBase, bound_engine
-from sqla_queue.worker.core import ContextFactory, WorkerCore
-from sqla_queue.worker.handlers import HandlerPool, HandlerRunner, PrivateLoop, RunningJob
+from sqla_queue.worker.decider import ContextFactory, Decider
+from sqla_queue.worker.executors import HandlerPool, PrivateLoop
+from sqla_queue.worker.handlers import HandlerRunner, RunningJob
 from sqla_queue.worker.plan import WorkerPlan
 from sqla_queue.worker.raw import (
     RawStatements,
@@ -69,23 +70,23 @@ class Worker(WorkerBase):
         (:class:`~sqla_queue.WorkerStoppedError`: a missing privilege or
         table, an outcome the database refuses even as a failure).
         """
-        core = self._new_core(burst)
-        core.set_waker(self._wake.set)
+        decider = self._new_decider(burst)
+        decider.set_waker(self._wake.set)
         engine = self._own_engine(self.engine)
         try:
             # Handlers go in first: a deploy's SIGTERM during start-up is a clean stop too.
             with graceful_signals(
-                lambda: core.request_stop(time.monotonic()),
+                lambda: decider.request_stop(time.monotonic()),
                 enabled=self.settings.install_signal_handlers,
             ):
                 if self.settings.verify_schema:
                     self._verify(engine)
-                self._loop(core, engine)
+                self._loop(decider, engine)
         finally:
             engine.dispose()
-        log.info("worker %s stopped: %s", core.worker_id, core.stats)
-        self._raise_if_stopped_by(core)
-        return self._stats(core)
+        log.info("worker %s stopped: %s", decider.worker_id, decider.stats)
+        self._raise_if_stopped_by(decider)
+        return self._stats(decider)
 
     def _verify(self, engine: Engine) -> None:
         for attempt in itertools.count(1):
@@ -99,19 +100,19 @@ class Worker(WorkerBase):
                     raise
                 time.sleep(delay)
 
-    def _loop(self, core: WorkerCore, engine: Engine) -> None:
+    def _loop(self, decider: Decider, engine: Engine) -> None:
         wake = self._wake
-        pool, heartbeater, listener = self._start_background(core, engine)
+        pool, heartbeater, listener = self._start_background(decider, engine)
         private_loop = PrivateLoop() if self.plan.has_async else None
-        make_context = self._make_context(core)
-        runner = self._runner(core)
+        make_context = self._make_context(decider)
+        runner = self._runner(decider)
         connection: Connection | None = None
-        log.info("worker %s started: tasks %s", core.worker_id, self.plan.task_names)
+        log.info("worker %s started: tasks %s", decider.worker_id, self.plan.task_names)
         try:
             while True:
                 wake.clear()
                 now = time.monotonic()
-                action = core.next_action(now)
+                action = decider.next_action(now)
                 if isinstance(action, Stop):
                     break
                 if isinstance(action, Wait):
@@ -125,12 +126,12 @@ class Worker(WorkerBase):
                             isolation_level="AUTOCOMMIT"
                         )
                     self._perform(
-                        connection, core, action, now, make_context, runner, pool, private_loop
+                        connection, decider, action, now, make_context, runner, pool, private_loop
                     )
                 except DBAPIError as exc:
                     _discard(connection)
                     connection = None
-                    delay = core.database_error(action, exc, now)
+                    delay = decider.database_error(action, exc, now)
                     if delay > 0:
                         wake.wait(delay)
         finally:
@@ -143,7 +144,7 @@ class Worker(WorkerBase):
     def _perform(
         self,
         connection: Connection,
-        core: WorkerCore,
+        decider: Decider,
         action: Claim | Flush | Maintain,
         now: float,
         make_context: ContextFactory,
@@ -151,7 +152,7 @@ class Worker(WorkerBase):
         pool: HandlerPool,
         private_loop: PrivateLoop | None,
     ) -> None:
-        work = core.prepare(action, now, make_context)
+        work = decider.prepare(action, now, make_context)
         try:
             if self._raw is not None:
                 results = _execute_raw(connection, self._raw, work)

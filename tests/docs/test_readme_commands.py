@@ -63,4 +63,4 @@ def test_setup_commands_name_extras_that_exist() -> None:
     extras = project["optional-dependencies"]
     assert any(dep.startswith("pgserver") for dep in extras["embedded"])
     assert any(dep.startswith("pytest") for dep in extras["test"])
-    assert project["scripts"]["sqla-queue"] == "sqla_queue.cli:main"
+    assert project["scripts"]["sqla-queue"] == "sqla_queue.__main__:main"

@@ -21,7 +21,8 @@ from sqlalchemy import Engine, create_engine, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from sqla_queue._binds import Sleep, run_flow
+from sqla_queue.conversation import Wait as Sleep
+from sqla_queue.conversation import run_flow
 from sqla_queue.errors import IsolationLevelError, QueueFull
 from sqla_queue.statements.bounded import pending_count_statement
 from tests.support import bounded as bq

@@ -13,7 +13,8 @@ from sqlalchemy import func, make_url, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from sqla_queue.cli.main import main, parse_duration
+from sqla_queue.cli.main import main
+from sqla_queue.cli.values import parse_duration
 from tests.support.app import boom, noop, queue
 
 pytestmark = pytest.mark.integration

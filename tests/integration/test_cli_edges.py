@@ -16,14 +16,13 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from sqla_queue.cli.main import (
+from sqla_queue.__main__ import build_parser, main
+from sqla_queue.cli.scaffold import (
     EXIT_FAILED,
     EXIT_FINISHED,
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_USAGE,
-    build_parser,
-    main,
 )
 from tests.support.app import boom, echo, noop, queue
 

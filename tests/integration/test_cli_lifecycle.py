@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from sqla_queue.cli.main import (
+from sqla_queue.cli.main import main
+from sqla_queue.cli.scaffold import (
     EXIT_CANCELLED,
     EXIT_FAILED,
     EXIT_FINISHED,
@@ -19,7 +20,6 @@ from sqla_queue.cli.main import (
     EXIT_OK,
     EXIT_TIMEOUT,
     EXIT_USAGE,
-    main,
 )
 from sqla_queue.listing import list_jobs
 from sqla_queue.statements.listing import JobListingParams, job_listing_statement

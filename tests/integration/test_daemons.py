@@ -136,7 +136,7 @@ def test_one_instance_runs_cluster_wide_on_two_workers(
         assert tracker.runs_of("solo") == 1, tracker.starts
         (status,) = rows(engine, queue)
         assert (status.name, status.instance, status.running) == ("solo", 0, True)
-        assert status.worker_id in {w.core.worker_id for w in workers}
+        assert status.worker_id in {w.decider.worker_id for w in workers}
         assert status.worker_id == tracker.starts[0][2]
         for worker in workers:  # both at once: neither takes over from the other
             worker.stop()
@@ -345,19 +345,19 @@ def test_a_graceful_stop_hands_the_instance_to_another_worker_at_once(
             wait_for(lambda: tracker.live() == 1, timeout=10)
             holder = tracker.starts[0][2]
         # Whichever held it, stop the holder (the other keeps running).
-        if holder == second.core.worker_id:
+        if holder == second.decider.worker_id:
             with worker_thread(first):
-                wait_for(lambda: first.core is not None and first.core.worker_id, timeout=5)
+                wait_for(lambda: first.decider is not None and first.decider.worker_id, timeout=5)
                 second.stop()
                 stopped_at = time.monotonic()
                 wait_for(lambda: tracker.runs_of("handover") == 2, timeout=10)
                 taken_in = time.monotonic() - stopped_at
-                survivor = first.core.worker_id
+                survivor = first.decider.worker_id
         else:
             stopped_at = time.monotonic()
             wait_for(lambda: tracker.runs_of("handover") == 2, timeout=10)
             taken_in = time.monotonic() - stopped_at
-            survivor = second.core.worker_id
+            survivor = second.decider.worker_id
         assert tracker.starts[1][2] == survivor
         # Released rows are free at once: far sooner than the 30 s lease.
         assert taken_in < 5, taken_in
@@ -636,7 +636,7 @@ async def test_a_daemon_loop_engine_from_a_bound_connection_keeps_its_options(
 ) -> None:
     """A factory bound to an AsyncConnection: the daemon's engine is its engine's, with the
     connection's execution options (a tenant's map) and its engine's connect_args."""
-    from sqla_queue.worker.daemons import _loop_engine
+    from sqla_queue.worker.daemon_runs import loop_engine as _loop_engine
 
     engine = _async_engine_with_options(db_url, "connect_args")
     tenant = {"tenant": "tenant_b"}

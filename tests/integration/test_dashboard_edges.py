@@ -32,7 +32,8 @@ with warnings.catch_warnings():
 import httpx
 import uvicorn
 
-from sqla_queue.admin import BIGINT_MAX, INTEGER_MAX
+from sqla_queue.checks import INT4_MAX as INTEGER_MAX
+from sqla_queue.checks import INT8_MAX as BIGINT_MAX
 from tests.support.app import queue
 from tests.support.running import wait_for
 

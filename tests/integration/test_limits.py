@@ -280,4 +280,4 @@ def test_worker_switches_to_slots_when_a_limit_is_stored(
     worker = queue.worker(SessionLocal, tasks=["noop"], concurrency=5)
     stats = worker.run(burst=True)
     assert stats.succeeded == 5
-    assert worker.core is not None and worker.core.limited
+    assert worker.decider is not None and worker.decider.limited

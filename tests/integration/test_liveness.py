@@ -101,7 +101,8 @@ def test_late_completion_of_a_reclaimed_job_is_fenced_off(
             wait_for(lambda: _status(SessionLocal, job_id) == "succeeded", timeout=10)
             # Wait for A to finish its stale attempt and try to ack it.
             wait_for(
-                lambda: worker_a.core is not None and worker_a.core.stats["fenced"] == 1, timeout=10
+                lambda: worker_a.decider is not None and worker_a.decider.stats["fenced"] == 1,
+                timeout=10,
             )
     assert stats_a[0].fenced == 1
     assert stats_a[0].succeeded == 0

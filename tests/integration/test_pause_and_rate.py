@@ -94,7 +94,7 @@ def test_pausing_reaches_a_running_worker_and_running_jobs_finish(
         long_job = sleepy.enqueue(session, seconds=1.0)
     worker = queue.worker(SessionLocal, **FAST)
     with worker_thread(worker) as stats:
-        wait_for(lambda: worker.core is not None and worker.core.running_count == 1)
+        wait_for(lambda: worker.decider is not None and worker.decider.running_count == 1)
         with SessionLocal.begin() as session:
             queue.pause(session, "sleepy")
         time.sleep(0.5)
@@ -103,7 +103,7 @@ def test_pausing_reaches_a_running_worker_and_running_jobs_finish(
         wait_for(lambda: states(SessionLocal, [long_job]) == {"succeeded": 1})
         time.sleep(0.5)
         assert states(SessionLocal, [later]) == {"queued": 1}
-        assert worker.core is not None and "sleepy" in worker.core.paused
+        assert worker.decider is not None and "sleepy" in worker.decider.paused
     assert stats[0].succeeded == 1
 
 
@@ -273,8 +273,8 @@ def test_the_plain_claim_leaves_out_paused_and_rated_tasks_only(
         queue.set_rate_limit(session, "record", 10)
     worker = queue.worker(SessionLocal, **FAST)
     with worker_thread(worker):
-        wait_for(lambda: worker.core is not None and bool(worker.core.rated))
-        core = worker.core
+        wait_for(lambda: worker.decider is not None and bool(worker.decider.rated))
+        core = worker.decider
         assert core is not None
         claimed = core.claim_params(1)["tasks"]
     assert "noop" not in claimed and "record" not in claimed

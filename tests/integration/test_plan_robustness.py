@@ -164,7 +164,7 @@ def _measure(engine: Engine) -> dict[tuple[str, bool], list[str]]:
             # The enqueue runs in the application's own transaction, without the guard: a
             # job for the hot key finds the key's first active row by an ordered walk.
             spec = keyed.options(queue_id="hot").call(key="hot", seq=0)
-            rows = prepare_rows([spec], queue._defaults_for)
+            rows = prepare_rows([spec], queue._registry.known.lookup)
             run("keyed enqueue", ENQUEUE, {"rows": rows[0]}, conn)
             conn.rollback()
     return found

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue import statements
 from sqla_queue._sqlstate import is_unique_violation_of
-from sqla_queue.worker.core import Work
+from sqla_queue.worker.actions import Work
 from sqla_queue.worker.raw import RawStatements
 from sqla_queue.worker.sync import _execute_raw
 from tests.support.app import noop, queue

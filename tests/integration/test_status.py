@@ -112,7 +112,7 @@ def test_a_running_worker_has_a_row_that_follows_its_handlers_and_goes_on_stop(
     with worker_thread(worker):
         wait_for(lambda: len(worker_rows(reader)) == 1)
         row = worker_rows(reader)[0]
-        assert row["worker_id"] == worker.core.worker_id  # type: ignore[union-attr]
+        assert row["worker_id"] == worker.decider.worker_id  # type: ignore[union-attr]
         assert row["hostname"] == socket.gethostname()
         assert row["pid"] == os.getpid()
         assert row["concurrency"] == 2

@@ -170,7 +170,7 @@ async def test_a_reclaimed_execution_cannot_commit_its_handlers_writes(
         with engine.begin() as connection:
             pretend_claimed(connection, stale, worker=other, attempt=2)
         gate("stale").open()
-        await until(lambda: worker.worker.core.stats["fenced"] == 1)
+        await until(lambda: worker.worker.decider.stats["fenced"] == 1)
     finally:
         stats = await worker.stop()
     assert (stats.fenced, stats.succeeded) == (1, 0)

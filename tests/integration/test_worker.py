@@ -155,7 +155,7 @@ def test_reschedule_does_not_use_an_attempt(SessionLocal: sessionmaker[Session])
             assert (job.status, job.result, job.errors) == ("succeeded", "second run", [])
         assert calls == [1, 1]
     finally:
-        queue._tasks.pop("reschedule_once")
+        queue._registry._tasks.pop("reschedule_once")
 
 
 def test_worker_refuses_to_start_without_a_required_index(

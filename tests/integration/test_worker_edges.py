@@ -60,7 +60,7 @@ def test_a_sync_worker_whose_tasks_are_all_paused_idles_then_works_once_resumed(
     ids = enqueue_noops(SessionLocal, 3)
     worker = queue.worker(SessionLocal, tasks=["noop"], **FAST)
     with worker_thread(worker):
-        wait_for(lambda: worker.core is not None and worker.core.paused == {"noop"})
+        wait_for(lambda: worker.decider is not None and worker.decider.paused == {"noop"})
         time.sleep(1.0)  # five maintenance intervals, each followed by an idle wait
         assert states(SessionLocal, ids) == {"queued": 3}
         with SessionLocal.begin() as session:
@@ -81,7 +81,7 @@ async def test_an_async_worker_whose_tasks_are_all_paused_idles_then_works_once_
     try:
         await asyncio.sleep(1.0)
         assert not run.done(), run.exception() if run.done() else None
-        assert worker.core is not None and worker.core.paused == {"noop", "record_async"}
+        assert worker.decider is not None and worker.decider.paused == {"noop", "record_async"}
         assert states(SessionLocal, ids) == {"queued": 3}
         with SessionLocal.begin() as session:
             queue.resume(session, "noop")

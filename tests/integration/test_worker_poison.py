@@ -134,7 +134,7 @@ def poison_tasks() -> Iterator[None]:
     ]
     yield
     for task in registered:
-        queue._tasks.pop(task.name, None)
+        queue._registry._tasks.pop(task.name, None)
 
 
 # -- running a worker with a deadline --------------------------------------------------------

@@ -409,11 +409,11 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
         shutdown_timeout=15.0,
     )
     stats = worker.run()
-    assert worker.core is not None
+    assert worker.decider is not None
     report = {
         "host": args.host,
         "pid": os.getpid(),
-        "worker_id": str(worker.core.worker_id),
+        "worker_id": str(worker.decider.worker_id),
         **asdict(stats),
     }
     args.report.write_text(json.dumps(report))

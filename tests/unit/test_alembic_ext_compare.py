@@ -40,21 +40,7 @@ pytestmark = pytest.mark.unit
 
 def target(version: int = SCHEMA_VERSION, schema: str | None = "work") -> QueueTarget:
     """A queue whose model wants ``version``."""
-    tables = build_tables(MetaData(), schema=schema)
-    return QueueTarget(
-        tables.jobs,
-        tables.executions,
-        tables.limits,
-        tables.unique_keys,
-        tables.controls,
-        tables.rate_starts,
-        tables.schedules,
-        tables.daemons,
-        tables.workers,
-        schema,
-        tables.prefix,
-        version,
-    )
+    return QueueTarget(build_tables(MetaData(), schema=schema), version)
 
 
 # -- finding queues ---------------------------------------------------------------------------
@@ -71,15 +57,21 @@ def test_queues_are_found_through_metadata_info() -> None:
         ("work", "a_", SCHEMA_VERSION),
         (None, "b_", SCHEMA_VERSION),
     ]
-    assert found[0].jobs is a.jobs and found[1].executions is b.executions
-    assert found[0].limits is a.limits and found[1].limits is b.limits
+    assert found[0].tables.jobs is a.jobs and found[1].tables.executions is b.executions
+    assert found[0].tables.limits is a.limits and found[1].tables.limits is b.limits
     assert found[0].tables.limits is a.limits
-    assert found[0].unique_keys is a.unique_keys and found[1].tables.unique_keys is b.unique_keys
-    assert found[0].controls is a.controls and found[1].tables.controls is b.controls
-    assert found[0].rate_starts is a.rate_starts and found[1].rate_starts is b.rate_starts
-    assert found[0].schedules is a.schedules and found[1].schedules is b.schedules
-    assert found[0].daemons is a.daemons and found[1].tables.daemons is b.daemons
-    assert found[0].workers is a.workers and found[1].tables.workers is b.workers
+    assert (
+        found[0].tables.unique_keys is a.unique_keys
+        and found[1].tables.unique_keys is b.unique_keys
+    )
+    assert found[0].tables.controls is a.controls and found[1].tables.controls is b.controls
+    assert (
+        found[0].tables.rate_starts is a.rate_starts
+        and found[1].tables.rate_starts is b.rate_starts
+    )
+    assert found[0].tables.schedules is a.schedules and found[1].tables.schedules is b.schedules
+    assert found[0].tables.daemons is a.daemons and found[1].tables.daemons is b.daemons
+    assert found[0].tables.workers is a.workers and found[1].tables.workers is b.workers
     assert found[0].tables.all == a.all and found[1].tables.all == b.all
     assert find_queues(None) == []
     assert find_queues(MetaData()) == []
@@ -110,14 +102,14 @@ def test_tables_copied_to_another_metadata_are_found_by_their_tags() -> None:
     assert find_queues(almost) == []
 
     assert (found.schema, found.prefix, found.version) == ("work", "sqla_queue_", SCHEMA_VERSION)
-    assert found.jobs is copy.tables["work.sqla_queue_jobs"]
-    assert found.limits is copy.tables["work.sqla_queue_task_limits"]
-    assert found.unique_keys is copy.tables["work.sqla_queue_unique_keys"]
-    assert found.controls is copy.tables["work.sqla_queue_task_controls"]
-    assert found.rate_starts is copy.tables["work.sqla_queue_rate_starts"]
-    assert found.schedules is copy.tables["work.sqla_queue_schedules"]
-    assert found.daemons is copy.tables["work.sqla_queue_daemons"]
-    assert found.workers is copy.tables["work.sqla_queue_workers"]
+    assert found.tables.jobs is copy.tables["work.sqla_queue_jobs"]
+    assert found.tables.limits is copy.tables["work.sqla_queue_task_limits"]
+    assert found.tables.unique_keys is copy.tables["work.sqla_queue_unique_keys"]
+    assert found.tables.controls is copy.tables["work.sqla_queue_task_controls"]
+    assert found.tables.rate_starts is copy.tables["work.sqla_queue_rate_starts"]
+    assert found.tables.schedules is copy.tables["work.sqla_queue_schedules"]
+    assert found.tables.daemons is copy.tables["work.sqla_queue_daemons"]
+    assert found.tables.workers is copy.tables["work.sqla_queue_workers"]
 
 
 def test_the_target_version_comes_from_the_model() -> None:

@@ -19,8 +19,9 @@ from sqlalchemy import MetaData
 from sqlalchemy.dialects import postgresql
 
 from sqla_queue import Queue
-from sqla_queue._binds import Flow, Sleep
-from sqla_queue.enqueue import BoundedStatements, bounded_flow
+from sqla_queue.bounded import BoundedStatements, bounded_flow
+from sqla_queue.conversation import Flow
+from sqla_queue.conversation import Wait as Sleep
 from sqla_queue.errors import IsolationLevelError, QueueFull
 from sqla_queue.models import build_tables
 from sqla_queue.spec import MAX_WAIT_IF_FULL, EnqueueOptions, make_enqueue_options

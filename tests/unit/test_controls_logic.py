@@ -17,7 +17,7 @@ from sqlalchemy import MetaData
 from sqla_queue import RetryPolicy
 from sqla_queue.models import build_tables
 from sqla_queue.worker.actions import Claim, Maintain, Stop, Wait
-from sqla_queue.worker.core import WorkerCore
+from sqla_queue.worker.decider import Decider
 from sqla_queue.worker.plan import TaskRuntime, WorkerPlan
 from sqla_queue.worker.settings import WorkerSettings
 
@@ -49,8 +49,8 @@ def plan(*names: str) -> WorkerPlan:
     )
 
 
-def core_for(*names: str, burst: bool = False, **settings: Any) -> WorkerCore:
-    return WorkerCore(
+def core_for(*names: str, burst: bool = False, **settings: Any) -> Decider:
+    return Decider(
         plan(*names),
         WorkerSettings(**settings),
         burst=burst,

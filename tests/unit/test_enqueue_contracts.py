@@ -22,8 +22,9 @@ from sqlalchemy.sql.compiler import SQLCompiler
 
 import sqla_queue
 from sqla_queue import InvalidIdentifierError, JobSpec, Queue, UnknownTaskError
-from sqla_queue.enqueue import KnownTasks, TaskDefaults, encode_one, prepare_rows
+from sqla_queue.enqueue import TaskDefaults, encode_one, prepare_rows
 from sqla_queue.models import build_tables
+from sqla_queue.registry import KnownTasks
 from sqla_queue.spec import EnqueueOptions
 from sqla_queue.statements.enqueue import (
     ENQUEUE_ROW_FIELDS,
@@ -181,9 +182,9 @@ def test_a_registered_task_wins_over_a_declaration_of_its_name() -> None:
     def t() -> None: ...
 
     queue.declare_task("t", priority=8)
-    assert queue._defaults_for("t").priority == 3
+    assert queue._registry.known.lookup("t").priority == 3
     with pytest.raises(UnknownTaskError, match=r"known tasks: \['t'\]"):
-        queue._defaults_for("other")
+        queue._registry.known.lookup("other")
 
 
 # -- defaults resolved at registration, carried by the worker plan -----------------------

@@ -20,11 +20,11 @@ from sqlalchemy.exc import DataError, OperationalError, ProgrammingError
 
 from sqla_queue import Queue
 from sqla_queue.admin import check_job_ids
+from sqla_queue.checks import check_whole_number
 from sqla_queue.cli.main import database_error_message
 from sqla_queue.history.partitions import _timestamp
 from sqla_queue.links import MAX_ABOUT_BYTES, about_reference
 from sqla_queue.periodic import Schedule, check_timezone
-from sqla_queue.spec import check_whole_number
 from sqla_queue.status import read_status
 from sqla_queue.testing.helpers import assert_enqueued
 
@@ -285,7 +285,7 @@ def test_only_a_connection_failure_is_reported_as_one(error: Any, says: str) -> 
 @pytest.mark.parametrize("name", ["page_size", "chart_minutes", "scan_cap"])
 def test_a_dashboard_setting_beyond_a_bigint_is_refused_by_name(name: str) -> None:
     """Each setting reaches SQL as an integer; past a bigint every page would fail raw."""
-    from sqla_queue.dashboard.app import DashboardConfig
+    from sqla_queue.dashboard.config import DashboardConfig
 
     with pytest.raises(ValueError, match=name):
         DashboardConfig(**{name: 2**70})

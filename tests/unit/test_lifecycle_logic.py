@@ -4,7 +4,7 @@
   yields, so every branch (free key, held key, each ``on_duplicate``, duplicates inside a
   batch) is walked step by step;
 * :func:`sqla_queue.lifecycle.result_flow` runs against a fake clock;
-* :meth:`WorkerCore.deliver_cancels` and :class:`HandlerRunner` turn a cancel request into
+* :meth:`Decider.deliver_cancels` and :class:`HandlerRunner` turn a cancel request into
   the handler's flag, event and task cancellation, and into the attempt's outcome.
 """
 
@@ -32,16 +32,18 @@ from sqla_queue import (
     ResultTimeoutError,
     RetryPolicy,
 )
-from sqla_queue.lifecycle import LISTEN_POLL, POLL_MAX, Wait, result_flow
+from sqla_queue.conversation import Wait
+from sqla_queue.lifecycle import LISTEN_POLL, POLL_MAX, result_flow
 from sqla_queue.logic.outcomes import Outcome, OutcomeKind
 from sqla_queue.models import build_tables
 from sqla_queue.spec import EnqueueOptions, JobSpec
 from sqla_queue.statements.lifecycle import await_statement, job_outcome_statement
 from sqla_queue.unique import UniqueStatements, stored_scope, unique_enqueue_flow
 from sqla_queue.worker.context import JobContext
-from sqla_queue.worker.core import WorkerCore
-from sqla_queue.worker.handlers import HandlerRunner, InTransaction, RunningJob
+from sqla_queue.worker.decider import Decider
+from sqla_queue.worker.handlers import HandlerRunner, RunningJob
 from sqla_queue.worker.plan import TaskRuntime, WorkerPlan
+from sqla_queue.worker.sessions import InTransaction
 from sqla_queue.worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.unit
@@ -347,8 +349,8 @@ def _plan(handler: Any, *, is_async: bool = False, transactional: bool = False) 
     return WorkerPlan(tables=TABLES, notify=True, default_lease=20.0, tasks={"a": task})
 
 
-def _core(plan: WorkerPlan) -> WorkerCore:
-    return WorkerCore(plan, WorkerSettings(), clock=lambda: T0, rng=random.Random(7))
+def _core(plan: WorkerPlan) -> Decider:
+    return Decider(plan, WorkerSettings(), clock=lambda: T0, rng=random.Random(7))
 
 
 def _row(job_id: int) -> Any:
@@ -364,7 +366,7 @@ def _row(job_id: int) -> Any:
     )
 
 
-def _context_factory(core: WorkerCore, session_factory: Any = lambda: None) -> Any:
+def _context_factory(core: Decider, session_factory: Any = lambda: None) -> Any:
     def make(claimed: Any) -> JobContext[Any]:
         return JobContext(
             job_id=claimed.id,
@@ -380,16 +382,14 @@ def _context_factory(core: WorkerCore, session_factory: Any = lambda: None) -> A
     return make
 
 
-def _claim(
-    core: WorkerCore, ids: list[int], session_factory: Any = lambda: None
-) -> list[RunningJob]:
+def _claim(core: Decider, ids: list[int], session_factory: Any = lambda: None) -> list[RunningJob]:
     core.next_action(0.0)
     return core.accept_claim(
         [_row(i) for i in ids], 10, 0.0, _context_factory(core, session_factory)
     )
 
 
-def _runner(core: WorkerCore, **kw: Any) -> HandlerRunner:
+def _runner(core: Decider, **kw: Any) -> HandlerRunner:
     return HandlerRunner(worker_id=core.worker_id, clock=core.clock, record=core.record, **kw)
 
 

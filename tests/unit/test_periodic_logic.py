@@ -338,7 +338,7 @@ def test_bad_periodic_registers_nothing() -> None:
             pass
 
     assert "broken" not in q.tasks
-    assert q._schedules == {}
+    assert q._registry.schedules == {}
     with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
         q.periodic("* * * * *", bogus=1)
 

@@ -19,6 +19,17 @@ from sqla_queue.statements.controls import (  # noqa: E402
     rate_backlog_statement,
     rate_lock_statement,
 )
+from sqla_queue.statements.dashboard import (  # noqa: E402
+    job_detail_statement,
+    job_page_statement,
+    throughput_statement,
+)
+from sqla_queue.statements.listing import JOB_STATES  # noqa: E402
+from sqla_queue.statements.metrics import (  # noqa: E402
+    queue_stats_statement,
+    statement_timeout_statement,
+)
+from sqla_queue.statements.status import clock_statement  # noqa: E402
 from sqla_queue.statements.unique import bind_keys_statement  # noqa: E402
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -55,6 +66,10 @@ BUILDERS = {
     "enqueue_notify": lambda t: statements.enqueue_statement(t, notify=True),
     "enqueue_quiet": lambda t: statements.enqueue_statement(t, notify=False),
     "enqueue_unkeyed": lambda t: statements.enqueue_statement(t, notify=True, keyed=False),
+    "status_clock": lambda t: clock_statement(),
+    "dashboard_throughput": throughput_statement,
+    "metrics_queue_stats": queue_stats_statement,
+    "metrics_statement_timeout": lambda t: statement_timeout_statement(2500),
 }
 
 
@@ -72,6 +87,29 @@ def test_statement_matches_snapshot(tables, name: str) -> None:
         path.parent.mkdir(exist_ok=True)
         path.write_text(sql)
     assert sql == path.read_text()
+
+
+#: Statements over the job listing: their ``state`` column names every job state in its text.
+LISTING_BUILDERS = {
+    "dashboard_job_page": job_page_statement,
+    "dashboard_job_page_filtered": lambda t: job_page_statement(
+        t, state="failed", task=True, key=True, about=True, about_key=True, before=True
+    ),
+    "dashboard_job_detail": job_detail_statement,
+}
+
+
+@pytest.mark.parametrize("name", sorted(LISTING_BUILDERS))
+def test_listing_statement_matches_snapshot(tables, name: str) -> None:
+    """As :func:`test_statement_matches_snapshot`; only job state words are literals."""
+    import os
+
+    sql = compiled(LISTING_BUILDERS[name](tables)) + "\n"
+    path = SNAPSHOTS / f"{name}.sql"
+    if os.environ.get("SQLA_QUEUE_UPDATE_SNAPSHOTS") == "1":
+        path.write_text(sql)
+    assert sql == path.read_text()
+    assert set(re.findall(r"'([^']*)'", sql)) <= {*JOB_STATES, "done"}
 
 
 @pytest.mark.parametrize("limited", [False, True])

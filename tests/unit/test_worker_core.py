@@ -20,7 +20,7 @@ from sqla_queue import Reschedule, Retry, RetryPolicy
 from sqla_queue.logic.outcomes import Outcome, OutcomeKind
 from sqla_queue.models import build_tables
 from sqla_queue.worker.actions import Claim, Flush, Maintain, Stop, Wait
-from sqla_queue.worker.core import WorkerCore
+from sqla_queue.worker.decider import Decider
 from sqla_queue.worker.handlers import HandlerRunner, RunningJob
 from sqla_queue.worker.plan import TaskRuntime, WorkerPlan
 from sqla_queue.worker.settings import WorkerSettings
@@ -87,7 +87,7 @@ def empty(next_due: dt.datetime | None = None) -> Any:
     return SimpleNamespace(next_due=next_due, id=None)
 
 
-def core_for(plan: WorkerPlan, *, burst: bool = False, **settings: Any) -> WorkerCore:
+def core_for(plan: WorkerPlan, *, burst: bool = False, **settings: Any) -> Decider:
     tasks = settings.pop("tasks", None)
     if tasks is not None:
         plan = WorkerPlan(
@@ -96,20 +96,20 @@ def core_for(plan: WorkerPlan, *, burst: bool = False, **settings: Any) -> Worke
             default_lease=plan.default_lease,
             tasks={name: plan.tasks[name] for name in tasks},
         )
-    return WorkerCore(
+    return Decider(
         plan, WorkerSettings(**settings), burst=burst, clock=lambda: T0, rng=random.Random(7)
     )
 
 
-def returned(core: WorkerCore, running: RunningJob, value: Any) -> Outcome:
+def returned(core: Decider, running: RunningJob, value: Any) -> Outcome:
     return _runner(core).outcome_of_return(running, value)
 
 
-def raised(core: WorkerCore, running: RunningJob, exc: BaseException) -> Outcome:
+def raised(core: Decider, running: RunningJob, exc: BaseException) -> Outcome:
     return _runner(core).outcome_of_error(running, exc)
 
 
-def _runner(core: WorkerCore) -> HandlerRunner:
+def _runner(core: Decider) -> HandlerRunner:
     return HandlerRunner(worker_id=core.worker_id, clock=core.clock, record=core.record)
 
 
@@ -251,7 +251,7 @@ def test_shutdown_waits_then_releases_unfinished_jobs(queue: WorkerPlan) -> None
     assert core.next_action(112.0) == Stop()
 
 
-def _applied(core: WorkerCore) -> tuple[list[Any], list[int]]:
+def _applied(core: Decider) -> tuple[list[Any], list[int]]:
     outcomes, _ = core.take_outcomes()
     return outcomes, [o.job_id for o in outcomes]
 
@@ -319,7 +319,7 @@ class FakeDatabaseError(Exception):
         self.sqlstate = sqlstate
 
 
-def _finished(core: WorkerCore, ids: list[int]) -> list[RunningJob]:
+def _finished(core: Decider, ids: list[int]) -> list[RunningJob]:
     core.next_action(0.0)
     running = core.accept_claim([row(i) for i in ids], 10, 0.0, lambda j: None)
     for job in running:
@@ -592,7 +592,7 @@ def limited_plan(plan: WorkerPlan) -> WorkerPlan:
     return dataclasses.replace(plan, tasks=tasks)
 
 
-def fill_windows(core: WorkerCore, tasks: list[str], now: float, free_in: float) -> None:
+def fill_windows(core: Decider, tasks: list[str], now: float, free_in: float) -> None:
     """Claim each rated task once, the claim finding its window full for ``free_in`` s."""
     free_at = T0 + dt.timedelta(seconds=free_in)
     for task in tasks:
@@ -628,7 +628,7 @@ def test_an_idle_worker_idles_whatever_its_tasks_are(
     (no error) and keeps its maintenance, which would bring a resumed task back."""
     controls, full = IDLE_CASES[case]
     plan = limited_plan(queue) if limited else queue
-    core = WorkerCore(
+    core = Decider(
         plan,
         WorkerSettings(concurrency=1, poll_interval=2.0, reclaim_interval=5.0),
         clock=lambda: T0,

@@ -1,0 +1,117 @@
+"""The fixed values the queue's tables hold, and the schema version their comment records.
+
+Statuses, states, scopes and history layouts are plain strings in the database, checked by
+the tables' ``CHECK`` constraints; each has one class here that names its values and lists
+them all. The executions table's comment records the schema version the tables were built
+at; it is written and read here only.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "SCHEMA_VERSION",
+    "ExecutionState",
+    "HistoryLayout",
+    "JobStatus",
+    "UniqueScope",
+    "check_history",
+    "parse_schema_version_comment",
+    "schema_version_comment",
+]
+
+#: The prefix of every table name of a queue, unless ``Queue(prefix=...)`` says otherwise.
+DEFAULT_PREFIX = "sqla_queue_"
+
+#: The schema version that these models describe. Each released version is frozen in
+#: ``alembic_ext`` so that an old migration never changes meaning.
+SCHEMA_VERSION = 5
+
+_VERSION_COMMENT = "sqla_queue schema version {}"
+_VERSION_ANYWHERE = re.compile(r"sqla_queue schema version (\d+)")
+_VERSION_EXACT = re.compile(rf"^{_VERSION_ANYWHERE.pattern}$")
+
+
+class JobStatus:
+    """Values of ``jobs.status``. A job is ``queued`` while its execution row exists."""
+
+    QUEUED = "queued"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    ALL = (QUEUED, SUCCEEDED, FAILED, CANCELLED)
+
+
+class HistoryLayout:
+    """Where finished jobs live: the values of ``Queue(history=...)``.
+
+    ``plain``: one ``jobs`` table holds every job, and ``prune`` deletes old rows.
+    ``partitioned``: ``jobs`` is partitioned by status; the queued jobs live in
+    ``jobs_live``, the finished ones in time-range partitions of ``jobs_done`` (succeeded
+    and cancelled) and ``jobs_failed``, and ``prune`` drops whole partitions
+    (see :mod:`sqla_queue.history`).
+    """
+
+    PLAIN = "plain"
+    PARTITIONED = "partitioned"
+    ALL = (PLAIN, PARTITIONED)
+
+
+def check_history(history: object) -> str:
+    """``history`` if it names a :class:`HistoryLayout`, else a ``ValueError`` listing them."""
+    if history not in HistoryLayout.ALL:
+        raise ValueError(
+            f"history must be one of {', '.join(map(repr, HistoryLayout.ALL))}, got {history!r}"
+        )
+    return str(history)
+
+
+class ExecutionState:
+    """Values of ``job_executions.state``.
+
+    ``pending`` rows are claimable once due; ``running`` ones are held by a worker. The
+    other two exist only for jobs with a ``queue_id`` (schema version 3): ``waiting`` is a
+    job queued behind an earlier job of its key, kept out of the claim's indexes until the
+    key's turn comes; ``done`` is a finished execution that could not be deleted at once
+    because an enqueue in flight holds it as the predecessor of a new waiting job (the next
+    maintenance sweep deletes it and promotes the key's next job).
+    """
+
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING = "waiting"
+    DONE = "done"
+    ALL = (PENDING, RUNNING, WAITING, DONE)
+
+
+class UniqueScope:
+    """Values of ``unique_keys.scope``: how long a job holds its unique key.
+
+    ``queued``: until it starts running; ``active``: until it finishes; ``finished``:
+    until ``hold_seconds`` after it finished. A cancelled job gives its key up at once.
+    """
+
+    QUEUED = "queued"
+    ACTIVE = "active"
+    FINISHED = "finished"
+    ALL = (QUEUED, ACTIVE, FINISHED)
+
+
+def schema_version_comment(version: int) -> str:
+    """The table comment that records the schema version on ``job_executions``."""
+    return _VERSION_COMMENT.format(version)
+
+
+def parse_schema_version_comment(comment: str | None, *, anywhere: bool = False) -> int | None:
+    """The schema version that a ``job_executions`` table comment records, else ``None``.
+
+    The inverse of :func:`schema_version_comment`. By default the comment must be exactly
+    what that function writes (as Alembic's autogenerate sees it on a table it drops);
+    ``anywhere=True`` also finds the marker inside a longer comment (as the startup check
+    reads it from the catalog).
+    """
+    pattern = _VERSION_ANYWHERE if anywhere else _VERSION_EXACT
+    match = pattern.search(comment or "")
+    return int(match.group(1)) if match else None

@@ -1,0 +1,135 @@
+"""The maintenance reads: reclaim, stored limits, controls, cleanup and the key sweep."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqla_queue.instrumentation import WorkerObserver, notify_lost
+from sqla_queue.statements.controls import ControlledTasksParams
+from sqla_queue.statements.keys import CleanupParams, SweepParams
+from sqla_queue.statements.limits import LimitedTasksParams
+from sqla_queue.statements.liveness import ReclaimParams
+from sqla_queue.worker.actions import Step
+from sqla_queue.worker.decider.keys import KeyPromotion
+from sqla_queue.worker.decider.pacing import ClaimPacer
+from sqla_queue.worker.decider.prebuilt import WorkerStatements
+from sqla_queue.worker.decider.rates import RateSchedule, stored_rate
+from sqla_queue.worker.plan import WorkerPlan
+
+__all__ = ["CLEANUP_BATCH", "SWEEP_KEYS", "Maintenance", "Reader"]
+
+log = logging.getLogger("sqla_queue.worker")
+
+#: Waiting keys visited per sweep, and parked executions deleted per sweep: bounds on the
+#: work of one maintenance action, whatever the backlog.
+SWEEP_KEYS = 100
+CLEANUP_BATCH = 100
+
+#: Takes the rows of one maintenance statement.
+Reader = Callable[[Sequence[Any]], None]
+
+
+class Maintenance:
+    """The statements of a :class:`~sqla_queue.worker.actions.Maintain` action, when it is
+    due, and what their rows change in the claims.
+
+    Called from the run loop only.
+    """
+
+    def __init__(
+        self,
+        statements: WorkerStatements,
+        plan: WorkerPlan,
+        observers: Sequence[WorkerObserver],
+        interval: float,
+        *,
+        pacer: ClaimPacer,
+        rates: RateSchedule,
+        keys: KeyPromotion,
+    ) -> None:
+        self._statements = statements
+        self._plan = plan
+        self._observers = observers
+        self._interval = interval
+        self._pacer = pacer
+        self._rates = rates
+        self._keys = keys
+        #: When the next maintenance is due (on the monotonic clock of ``next_action``).
+        self.next_at = 0.0
+        #: Tasks an operator paused (not claimed), as the last maintenance read them.
+        self.paused: set[str] = set()
+        # Where the next sweep of the waiting keys resumes.
+        self._sweep_after = ""
+
+    def due(self, now: float) -> bool:
+        """Whether maintenance runs at ``now``; if so, the next one is an interval away."""
+        if now >= self.next_at:
+            self.next_at = now + self._interval
+            return True
+        return False
+
+    def steps(self, held: list[int]) -> list[tuple[Step, Reader]]:
+        """The statements, in order, each with its reader; ``held`` are the executions this
+        process holds, which are never reclaimed, even if their heartbeat is late."""
+        built, plan = self._statements, self._plan
+        return [
+            (Step(built.reclaim, ReclaimParams(held=held)), self.reclaimed),
+            (
+                Step(built.limits, LimitedTasksParams(tasks=plan.task_names)),
+                self._pacer.limits_read,
+            ),
+            (
+                Step(built.controls, ControlledTasksParams(tasks=plan.task_names)),
+                self.controls_read,
+            ),
+            (Step(built.cleanup, CleanupParams(limit=CLEANUP_BATCH)), self.cleaned_up),
+            (
+                Step(built.orphan_sweep, SweepParams(after=self._sweep_after, limit=SWEEP_KEYS)),
+                self.swept,
+            ),
+        ]
+
+    def reclaimed(self, rows: Sequence[Any]) -> None:
+        """Log what a reclaim sweep returned to the queue."""
+        notify_lost(self._observers, [r.task for r in rows])
+        if rows:
+            log.warning(
+                "reclaimed %d lost execution(s) of dead workers: %s",
+                len(rows),
+                [(r.id, r.task) for r in rows],
+            )
+            self._pacer.next_poll = 0.0
+
+    def controls_read(self, rows: Sequence[Any]) -> None:
+        """Pauses and rate limits were read: a paused task is no longer claimed (its running
+        jobs finish), a rate-limited one is claimed on its own; the rest are unaffected."""
+        paused = {row.task for row in rows if row.paused}
+        rated = {row.task for row in rows if row.rated and not row.paused}
+        for task in sorted(paused - self.paused):
+            log.info("task %s is paused: not claiming it", task)
+        for task in sorted(self.paused - paused):
+            log.info("task %s was resumed", task)
+        for task in sorted(rated - self._rates.tasks):
+            log.info("task %s has a rate limit: claiming it within its window", task)
+        self.paused = paused
+        self._rates.update(rated, {row.task: stored_rate(row) for row in rows if row.task in rated})
+        self._pacer.set_tasks(
+            [name for name in self._plan.task_names if name not in paused | rated]
+        )
+
+    def cleaned_up(self, rows: Sequence[Any]) -> None:
+        """Parked executions were deleted: their keys get a promotion in the next unit."""
+        keys = {row[0] for row in rows if row[0] is not None}
+        if keys:
+            self._keys.restore(keys)
+            self._pacer.next_poll = 0.0
+
+    def swept(self, rows: Sequence[Any]) -> None:
+        """A slice of the waiting keys was visited: resume after it, or from the start."""
+        for row in rows:
+            self._sweep_after = row.last_key or ""
+            if row.promoted:
+                log.info("promoted %d waiting job(s) whose key had nothing ahead", row.promoted)
+                self._pacer.next_poll = 0.0

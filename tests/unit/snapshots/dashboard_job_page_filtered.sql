@@ -1,0 +1,15 @@
+SELECT app.q_jobs.id, app.q_jobs.task, app.q_jobs.status, CASE WHEN (app.q_jobs.status != 'queued') THEN app.q_jobs.status ELSE coalesce((SELECT CASE WHEN (app.q_job_executions.state = 'running') THEN CASE WHEN app.q_job_executions.cancel_requested THEN 'cancelling' ELSE 'running' END WHEN (app.q_job_executions.state = 'pending') THEN CASE WHEN (app.q_job_executions.execute_at > now()) THEN 'scheduled' ELSE 'pending' END ELSE app.q_job_executions.state END AS anon_1 
+FROM app.q_job_executions 
+WHERE app.q_job_executions.id = app.q_jobs.id), 'queued') END AS state, app.q_jobs.attempts, app.q_jobs.max_attempts, app.q_jobs.priority, app.q_jobs.queue_id, app.q_jobs.unique_key, app.q_jobs.about_table, app.q_jobs.about_key, app.q_jobs.created_at, app.q_jobs.scheduled_at, app.q_jobs.finished_at, app.q_jobs.errors[%(errors_1)s::INT] AS last_error, CASE WHEN (app.q_jobs.status = 'queued') THEN (SELECT live.attempt 
+FROM app.q_job_executions AS live 
+WHERE live.id = app.q_jobs.id) END AS live_attempt 
+FROM app.q_jobs 
+WHERE app.q_jobs.status IN ('failed') AND app.q_jobs.task = ANY (%(tasks)s::TEXT[]) AND app.q_jobs.about_table = %(about_table)s::VARCHAR AND app.q_jobs.about_key IS NOT NULL AND app.q_jobs.about_key = %(about_key)s::VARCHAR AND app.q_jobs.id < %(before)s::BIGINT AND app.q_jobs.id IN (SELECT matched.id 
+FROM ((SELECT app.q_jobs.id AS id 
+FROM app.q_jobs 
+WHERE app.q_jobs.status IN ('failed') AND app.q_jobs.task = ANY (%(tasks)s::TEXT[]) AND app.q_jobs.about_table = %(about_table)s::VARCHAR AND app.q_jobs.about_key IS NOT NULL AND app.q_jobs.about_key = %(about_key)s::VARCHAR AND app.q_jobs.id < %(before)s::BIGINT AND app.q_jobs.unique_key = %(key)s::VARCHAR ORDER BY app.q_jobs.id DESC 
+ LIMIT %(limit)s::BIGINT) UNION (SELECT app.q_jobs.id AS id 
+FROM app.q_jobs 
+WHERE app.q_jobs.status IN ('failed') AND app.q_jobs.task = ANY (%(tasks)s::TEXT[]) AND app.q_jobs.about_table = %(about_table)s::VARCHAR AND app.q_jobs.about_key IS NOT NULL AND app.q_jobs.about_key = %(about_key)s::VARCHAR AND app.q_jobs.id < %(before)s::BIGINT AND app.q_jobs.queue_id = %(key)s::VARCHAR ORDER BY app.q_jobs.id DESC 
+ LIMIT %(limit)s::BIGINT)) AS matched) ORDER BY app.q_jobs.id DESC 
+ LIMIT %(limit)s::BIGINT
