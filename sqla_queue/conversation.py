@@ -80,11 +80,6 @@ class Wait:
 
     seconds: float
 
-    @property
-    def timeout(self) -> float:
-        """``seconds``, under the name the worker's faces wait with (``wake.wait``)."""
-        return self.seconds
-
 
 #: A conversation written once for both I/O styles: it yields statements (a :class:`Step`
 #: or any ``(statement, params)`` pair; it is sent their rows) and :class:`Wait` steps (it

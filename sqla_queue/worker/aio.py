@@ -129,7 +129,7 @@ class AsyncWorker(WorkerBase):
                 if isinstance(action, Stop):
                     break
                 if isinstance(action, Wait):
-                    await _wait(wake, action.timeout)
+                    await _wait(wake, action.seconds)
                     continue
                 try:
                     if connection is None:

@@ -116,7 +116,7 @@ class Worker(WorkerBase):
                 if isinstance(action, Stop):
                     break
                 if isinstance(action, Wait):
-                    wake.wait(action.timeout)
+                    wake.wait(action.seconds)
                     continue
                 try:
                     if connection is None:

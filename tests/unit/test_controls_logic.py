@@ -125,7 +125,7 @@ def test_a_full_window_waits_until_its_oldest_start_leaves() -> None:
     assert len(jobs) == 3
     # Seven seats are free, but the window is full until free_at.
     action = core.next_action(0.0)
-    assert isinstance(action, Wait) and action.timeout == pytest.approx(0.75)
+    assert isinstance(action, Wait) and action.seconds == pytest.approx(0.75)
     assert core.next_action(0.75) == Claim(7, rated="r")
 
 
@@ -145,7 +145,7 @@ def test_a_notification_brings_an_idle_rated_task_forward_but_not_a_full_window(
     )
     core.notified()
     action = core.next_action(0.2)
-    assert isinstance(action, Wait) and action.timeout == pytest.approx(1.9)
+    assert isinstance(action, Wait) and action.seconds == pytest.approx(1.9)
 
 
 def test_a_burst_run_stops_only_once_the_rated_claims_come_back_empty() -> None:

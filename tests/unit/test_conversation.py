@@ -31,6 +31,7 @@ from sqla_queue.statements.lifecycle import (
     cancel_lock_timeout_sql,
     listen_sql,
 )
+from sqla_queue.worker import actions
 
 pytestmark = pytest.mark.unit
 
@@ -181,8 +182,8 @@ def test_a_flow_that_returns_at_once_runs_nothing() -> None:
 
 
 def test_a_wait_is_one_type_for_flows_and_the_worker() -> None:
-    assert Wait(2.0) == Wait(2.0)
-    assert Wait(2.0).timeout == Wait(2.0).seconds == 2.0
+    assert actions.Wait is Wait
+    assert Wait(2.0) == Wait(2.0) and Wait(2.0).seconds == 2.0
     statement, params = Step(READ, {"n": 1})
     assert (statement, params) == (READ, {"n": 1})
 

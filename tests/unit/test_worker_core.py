@@ -651,7 +651,7 @@ def test_an_idle_worker_idles_whatever_its_tasks_are(
     for now in (0.0, 1.0, 1.9):  # before the next poll (2 s) and maintenance (5 s)
         action = core.next_action(now)
         assert isinstance(action, Wait), (now, action)
-        assert 0.0 < action.timeout <= 2.0
+        assert 0.0 < action.seconds <= 2.0
     assert core.next_action(5.0) == Maintain()
 
 
@@ -711,7 +711,7 @@ def test_a_burst_run_waits_for_a_full_window_while_due_jobs_are_left_behind_it(
         [[], [], [rated_row(None, "a", allowance=0, free_at=free_at)], backlog(True)]
     )
     action = core.next_action(1.5)
-    assert isinstance(action, Wait) and action.timeout == pytest.approx(0.5)
+    assert isinstance(action, Wait) and action.seconds == pytest.approx(0.5)
     assert core.next_action(2.0) == Claim(4, rated="a")
     core.prepare(Claim(4, rated="a"), 2.0, lambda j: None).done(
         [[], [], [rated_row(None, "a", allowance=1, free_at=None)], backlog(False)]
