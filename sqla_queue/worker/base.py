@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -146,6 +147,12 @@ class WorkerBase:
         self._stop_before_start = False
         self._race_indexes = {str(ix.name) for ix in plan.tables.executions.indexes if ix.unique}
         self._services: list[WorkerThread] = []
+
+    @property
+    def worker_id(self) -> uuid.UUID | None:
+        """This run's id: on the jobs it claims, the daemons it holds and in the workers
+        registry. None until ``run()`` starts; each run has a new one."""
+        return None if self.decider is None else self.decider.worker_id
 
     def stop(self) -> None:
         """Ask a running ``run()`` to shut down gracefully. Safe from any thread.

@@ -49,6 +49,20 @@ def enqueue_noops(SessionLocal: sessionmaker[Session], n: int, **options: Any) -
         return [task.enqueue(session) for _ in range(n)]
 
 
+def test_worker_id_is_none_until_the_run_then_the_id_it_registers_and_claims_with(
+    SessionLocal: sessionmaker[Session],
+) -> None:
+    worker = queue.worker(SessionLocal, tasks=["noop"], **FAST)
+    assert worker.worker_id is None
+    workers = queue.tables.workers
+    with worker_thread(worker):
+        wait_for(lambda: worker.worker_id is not None)
+        with SessionLocal() as session:
+            wait_for(lambda: session.scalar(select(func.count()).select_from(workers)) == 1)
+            registered = session.scalar(select(workers.c.worker_id))
+        assert registered == worker.worker_id
+
+
 # -- 1. a paused task does not kill its workers ----------------------------------------------
 
 
