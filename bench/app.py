@@ -24,6 +24,7 @@ __all__ = [
     "Order",
     "limit_task",
     "limits_supported",
+    "nohistory_queue",
     "queue",
     "quiet_queue",
 ]
@@ -78,7 +79,13 @@ def limit_task(limit: int) -> str:
 
 def limits_supported() -> bool:
     """Whether the installed sqla_queue has ``@queue.task(concurrency_limit=N)``."""
-    return "concurrency_limit" in inspect.signature(Queue.task).parameters
+    if "concurrency_limit" in inspect.signature(Queue.task).parameters:
+        return True
+    # Since the task options became a TypedDict (``**options: Unpack[TaskKwargs]``).
+    from sqla_queue import task as task_module
+
+    kwargs = getattr(task_module, "TaskKwargs", None)
+    return kwargs is not None and "concurrency_limit" in getattr(kwargs, "__annotations__", {})
 
 
 #: The queue as an application would declare it: NOTIFY on enqueue.
@@ -92,3 +99,8 @@ if limits_supported():
 #: The same tables seen through a queue that never sends NOTIFY (the poll-only runs).
 quiet_queue = Queue(metadata=MetaData(), notify=False)
 _register(quiet_queue)
+
+#: The same tables as a queue without history (``history="none"``: a succeeded job's rows
+#: are deleted at its completion); the schema is the same, so no other table is needed.
+nohistory_queue = Queue(metadata=MetaData(), history="none")
+_register(nohistory_queue)

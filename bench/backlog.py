@@ -389,7 +389,9 @@ def _prepared(
             names.append(match.group(1))
         return f"${names.index(match.group(1)) + 1}"
 
-    prepared = re.sub(r"%\((\w+)\)s", number, sql)
+    # The pyformat text doubles a literal %: PREPARE takes it once (the limited claim's
+    # modulo of the seat offset).
+    prepared = re.sub(r"%\((\w+)\)s", number, sql).replace("%%", "%")
     conn.execute(f"PREPARE {name} AS {prepared}")
     values = psycopg.sql.SQL(", ").join(psycopg.sql.Literal(params[n]) for n in names)
     return psycopg.sql.SQL("EXECUTE {}({})").format(psycopg.sql.Identifier(name), values)

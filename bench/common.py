@@ -138,6 +138,9 @@ class BenchDatabase:
         names = [t.name for t in queue_tables if t is not None]
         with self.connect() as conn:
             conn.execute(f"DROP TABLE IF EXISTS {', '.join(names)}, bench_min_queue CASCADE")
+            # Recreated only before a run of theirs (bench.node_peers): their installers
+            # are Node processes.
+            conn.execute("DROP SCHEMA IF EXISTS graphile_worker, pgboss CASCADE")
         with self.engine.begin() as conn:
             queue.create_all(conn)
         with self.connect() as conn:
@@ -218,6 +221,8 @@ class WorkerProcess:
     """One ``python -m bench.worker`` process: it prints READY, waits for GO, then works.
 
     The start barrier keeps interpreter start-up and imports out of the timed window.
+    ``command`` replaces ``python -m bench.worker`` by another program with the same
+    contract (a Node worker of :mod:`bench.node_peers`, say); ``args`` follow it.
     """
 
     def __init__(
@@ -226,6 +231,7 @@ class WorkerProcess:
         *,
         env: dict[str, str] | None = None,
         prefix: Sequence[str] = (),
+        command: Sequence[str] | None = None,
     ) -> None:
         # Lives as long as the process object: kill() closes it.
         self._stderr: IO[str] = tempfile.TemporaryFile("w+")  # noqa: SIM115
@@ -236,7 +242,7 @@ class WorkerProcess:
         full_env.update(env or {})
         self.terminated = False
         self.proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "bench.worker", *args],
+            [*prefix, *(command or (sys.executable, "-m", "bench.worker")), *args],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -305,14 +311,18 @@ def worker_processes(
     args_list: Sequence[Sequence[str]],
     prefixes: Sequence[Sequence[str]] = (),
     env: dict[str, str] | None = None,
+    command: Sequence[str] | None = None,
 ) -> Iterator[list[WorkerProcess]]:
     """Start one process per argument list, wait until all are ready; kill leftovers.
 
     ``prefixes[i]``, when given, goes before the i-th command (a profiler, say); ``env``
-    adds environment variables (``PGOPTIONS``, say).
+    adds environment variables (``PGOPTIONS``, say); ``command`` replaces
+    ``python -m bench.worker`` (see :class:`WorkerProcess`).
     """
     procs = [
-        WorkerProcess(args, prefix=prefixes[i] if i < len(prefixes) else (), env=env)
+        WorkerProcess(
+            args, prefix=prefixes[i] if i < len(prefixes) else (), env=env, command=command
+        )
         for i, args in enumerate(args_list)
     ]
     try:

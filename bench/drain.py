@@ -8,14 +8,22 @@ Three cases, each under the cold protocol (the default) and the warm one (see
   stops at the N-th completion and the workers are then stopped (SIGTERM);
 * ``hot``: N ordinary jobs queued behind 2.5N jobs of one hot ``queue_id`` (enqueued
   first, same task), the clock stops at the N-th ordinary completion. PgQueuer has no
-  keys: its hot jobs go to an entrypoint of their own limited to one job at a time. The
+  keys: its hot jobs go to an entrypoint of their own limited to one job at a time;
+  graphile-worker's go to one ``queue_name`` (a queue runs one job at a time). The
   bare-SQL loop ignores keys altogether, so it has no hot case.
+
+graphile-worker (Node, see :mod:`bench.node_peers`) runs twice: with its defaults
+(``graphile``) and with its batching on (``graphile-batched``: a local queue of ``batch``
+jobs and batched completions). pg-boss (``pgboss``, Node too) fetches ``batch`` jobs at a
+time; its hot jobs go to a second queue with the ``singleton`` policy (one active job).
 
 The clock starts when the parent releases the workers' start barrier (interpreter start-up
 and imports are done by then) and stops at a completion as the database recorded it:
 ``finished_at`` of sqla_queue's jobs, ``created`` of PgQueuer's log, and for the
-history-less ``bare-min`` loop the last completion the worker saw. Each run checks in the
-database that every job it counts succeeded exactly once.
+history-less ``bare-min`` loop and graphile-worker (which deletes completed jobs) the last
+completion the workers saw. Each run checks that every job it counts succeeded exactly
+once: in the database, or for graphile-worker in the workers' reports (and that its table
+is empty).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import math
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,7 +39,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from bench import app
+from bench import app, node_peers
 from bench.common import (
     PROTOCOLS,
     BackendCpuMeter,
@@ -53,11 +62,64 @@ LABELS = {
     "bare": "bare SQL",
     "bare-min": "bare SQL, no history",
     "bare-1tx": "bare SQL, ack+claim in 1 tx",
+    "sqla-sync-prefetch": "sqla_queue sync, prefetch",
+    "sqla-async-prefetch": "sqla_queue async, prefetch",
+    "sqla-sync-nohistory": "sqla_queue sync, prefetch, no history",
+    "graphile": "graphile-worker",
+    "graphile-batched": "graphile-worker, batched",
+    "pgboss": "pg-boss",
 }
 #: The systems of the drain table (``bare-1tx`` is a lever, measured by bench/levers.py).
-DRAIN_SYSTEMS = ("sqla-sync", "sqla-async", "pgqueuer", "bare", "bare-min")
+#: The Node ones (:data:`NODE_SYSTEMS`) need npm: bench.run leaves them out without it.
+DRAIN_SYSTEMS = (
+    "sqla-sync",
+    "sqla-async",
+    "sqla-sync-prefetch",
+    "sqla-async-prefetch",
+    "sqla-sync-nohistory",
+    "pgqueuer",
+    "bare",
+    "bare-min",
+    "graphile",
+    "graphile-batched",
+    "pgboss",
+)
 #: The systems of the burst and hot cases (``bare-min`` has no history to count from).
-CASE_SYSTEMS = ("sqla-sync", "sqla-async", "pgqueuer", "bare")
+CASE_SYSTEMS = (
+    "sqla-sync",
+    "sqla-async",
+    "sqla-sync-prefetch",
+    "sqla-async-prefetch",
+    "pgqueuer",
+    "bare",
+    "graphile",
+    "graphile-batched",
+    "pgboss",
+)
+#: completeJobBatchDelay of graphile-batched (set in bench/node/worker.mjs), in ms.
+GRAPHILE_BATCH_DELAY_MS = 2
+#: graphile-worker's two configurations (no job history: timed from the workers' reports).
+GRAPHILE_SYSTEMS = ("graphile", "graphile-batched")
+#: Jobs a prefetching sqla_queue worker claims beyond its concurrency in the drains: as many
+#: as graphile-worker's local queue holds beside its running jobs in ``graphile-batched``.
+PREFETCH = 10
+#: sqla_queue's variants: (the worker they run, its extra arguments). ``nohistory`` runs a
+#: ``Queue(history="none")`` over the same tables: it has only the plain case, timed from
+#: the workers' reports (its succeeded jobs leave no row to time).
+VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "sqla-sync-prefetch": ("sqla-sync", ("--prefetch", str(PREFETCH))),
+    "sqla-async-prefetch": ("sqla-async", ("--prefetch", str(PREFETCH))),
+    "sqla-sync-nohistory": ("sqla-sync", ("--prefetch", str(PREFETCH), "--no-history")),
+}
+
+
+def base_system(system: str) -> str:
+    """The system whose worker and tables ``system`` uses (itself, or a variant's base)."""
+    return VARIANTS.get(system, (system, ()))[0]
+
+
+#: The systems whose workers are Node processes.
+NODE_SYSTEMS = (*GRAPHILE_SYSTEMS, "pgboss")
 ALL_TABLES = (
     "sqla_queue_jobs",
     "sqla_queue_job_executions",
@@ -72,7 +134,13 @@ CASES = ("plain", "burst", "hot")
 HOT_ENTRYPOINT = "bench.hot"
 HOT_KEY = "hot"
 #: The tables whose planner row count is recorded at each clock start.
-PLANNER_TABLES = ("sqla_queue_job_executions", "pgqueuer", "bench_min_queue")
+PLANNER_TABLES = (
+    "sqla_queue_job_executions",
+    "pgqueuer",
+    "bench_min_queue",
+    "_private_jobs",
+    "job_common",
+)
 
 
 @dataclass(frozen=True)
@@ -166,7 +234,7 @@ def truncate_all(db: BenchDatabase) -> None:
 
 def task_of(system: str) -> str:
     """The task a system's drain runs: the async worker gets the ``async def`` handler."""
-    return app.ANOOP if system == "sqla-async" else app.NOOP
+    return app.ANOOP if base_system(system) == "sqla-async" else app.NOOP
 
 
 def enqueue_jobs(
@@ -175,9 +243,14 @@ def enqueue_jobs(
     """Put ``jobs`` pending jobs of ``task_name`` in ``system``'s tables, as its users would.
 
     With ``queue_id`` all of them share that key (for PgQueuer, which has no keys, they go
-    to :data:`HOT_ENTRYPOINT` instead).
+    to :data:`HOT_ENTRYPOINT` instead; for graphile-worker to the queue of that name).
     """
-    if system in ("sqla-sync", "sqla-async", "bare", "bare-1tx"):
+    if system in GRAPHILE_SYSTEMS:
+        with db.connect() as conn:
+            node_peers.enqueue(conn, jobs, task_name, queue_name=queue_id)
+    elif system == "pgboss":
+        node_peers.pgboss_enqueue(db.dsn, HOT_ENTRYPOINT if queue_id else task_name, jobs)
+    elif system in ("sqla-sync", "sqla-async", "bare", "bare-1tx"):
         task = app.queue.get_task(task_name)
         if queue_id is not None:
             task = task.options(queue_id=queue_id)
@@ -220,6 +293,10 @@ def _finish_time(
     db: BenchDatabase, system: str, jobs: int, t0: dt.datetime, m0: float, reports: list[Any]
 ) -> float:
     """Seconds from the start barrier to the last completion; checks that all jobs ran."""
+    if system in GRAPHILE_SYSTEMS:
+        with db.connect() as conn:
+            node_peers.check_reports(conn, system, reports, jobs)
+        return float(max(r["last_done"] for r in reports) - m0)
     with db.connect() as conn:
         if system == "pgqueuer":
             row = conn.execute(
@@ -230,6 +307,13 @@ def _finish_time(
         elif system == "bare-min":
             row = conn.execute(
                 "SELECT NULL, %s, count(*), %s FROM bench_min_queue", (jobs, jobs)
+            ).fetchone()
+        elif system == "pgboss":
+            row = conn.execute(
+                "SELECT max(completed_on), count(*) FILTER (WHERE state = 'completed'), "
+                "count(*) FILTER (WHERE state <> 'completed'), "
+                "count(*) FILTER (WHERE state = 'completed' AND retry_count = 0) "
+                f"FROM {node_peers.PGBOSS_JOBS}"
             ).fetchone()
         else:
             row = conn.execute(
@@ -250,8 +334,43 @@ def _finish_time(
     return (last - t0).total_seconds()
 
 
+def _finish_time_no_history(db: BenchDatabase, jobs: int, m0: float, reports: list[Any]) -> float:
+    """Seconds from the start barrier to the last completion a worker saw, on a queue
+    without history; checks that every job ran once and left no row behind."""
+    with db.connect() as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM sqla_queue_jobs), "
+            "(SELECT count(*) FROM sqla_queue_job_executions)"
+        ).fetchone()
+    assert row is not None
+    claimed = sum(int(r["claimed"]) for r in reports)
+    if row != (0, 0) or claimed != jobs:
+        raise RuntimeError(
+            f"no history: {claimed} claims for {jobs} jobs, {row[0]} job rows and {row[1]} "
+            "executions left over"
+        )
+    return float(max(r["last_done"] for r in reports) - m0)
+
+
 def _counted_sql(system: str, case: str) -> tuple[str, str]:
-    """SQL of (how many counted jobs are done, when the ``%(n)s``-th counted one finished)."""
+    """SQL of (how many counted jobs are done, when the ``%(n)s``-th counted one finished).
+
+    graphile-worker keeps no history: its count is the counted jobs (``%(total)s``, all
+    queue-less) less those still in its table, and its time comes from the workers.
+    """
+    if system in GRAPHILE_SYSTEMS:
+        return (
+            f"SELECT %(total)s - count(*) FROM {node_peers.GRAPHILE_JOBS} "
+            "WHERE job_queue_id IS NULL",
+            "",
+        )
+    if system == "pgboss":
+        where = "state = 'completed' AND name = %(task)s"
+        return (
+            f"SELECT count(*) FROM {node_peers.PGBOSS_JOBS} WHERE {where}",
+            f"SELECT completed_on FROM {node_peers.PGBOSS_JOBS} WHERE {where} "
+            "ORDER BY completed_on OFFSET %(n)s - 1 LIMIT 1",
+        )
     if system == "pgqueuer":
         where = "status = 'successful' AND entrypoint = %(task)s"
         return (
@@ -275,17 +394,19 @@ def _wait_for_counted(
     task: str,
     procs: Sequence[Any],
     cap_s: float,
+    total: int = 0,
 ) -> int:
     """Poll the database until ``jobs`` counted jobs are done, then stop the workers.
 
     After ``cap_s`` seconds the workers are stopped anyway; returns how many counted jobs
-    were done by then (``jobs`` when the run finished).
+    were done by then (``jobs`` when the run finished). ``total``: how many counted jobs
+    were enqueued (graphile-worker's count needs it).
     """
     count_sql, _ = _counted_sql(system, case)
     deadline = time.monotonic() + cap_s
     with db.connect() as conn:
         while True:
-            row = conn.execute(count_sql, {"task": task}).fetchone()
+            row = conn.execute(count_sql, {"task": task, "total": total}).fetchone()
             assert row is not None
             done = int(row[0])
             if done >= jobs:
@@ -313,6 +434,12 @@ def _counted_time(
             check = conn.execute(
                 "SELECT count(*), count(DISTINCT job_id) FROM pgqueuer_log "
                 "WHERE status = 'successful'"
+            ).fetchone()
+        elif system == "pgboss":
+            check = conn.execute(
+                "SELECT count(*) FILTER (WHERE state = 'completed'), "
+                "count(*) FILTER (WHERE state = 'completed' AND retry_count = 0) "
+                f"FROM {node_peers.PGBOSS_JOBS}"
             ).fetchone()
         else:
             check = conn.execute(
@@ -360,40 +487,64 @@ def drain_once(
     jobs of one hot key first and counts the ``jobs`` ordinary ones after them.
     """
     task = task or task_of(system)
+    variant, system = system, base_system(system)
+    no_history = variant == "sqla-sync-nohistory"
+    node = system in NODE_SYSTEMS
+    graphile = system in GRAPHILE_SYSTEMS
     db.fresh_tables()
-    extra = list(extra_args)
+    if graphile:
+        node_peers.fresh_schema(db.dsn)
+    elif system == "pgboss":
+        node_peers.fresh_pgboss(db.dsn, task, HOT_ENTRYPOINT)
+    extra = [*VARIANTS.get(variant, ("", ()))[1], *extra_args]
     if case == "burst":
         enqueue_jobs(db, system, backlog or jobs, task)
     elif case == "hot":
         enqueue_jobs(db, system, (backlog or jobs) - jobs, task, queue_id=HOT_KEY)
         enqueue_jobs(db, system, jobs, task)
-        if system == "pgqueuer":
+        if system in ("pgqueuer", "pgboss"):
             extra += ["--hot-task", HOT_ENTRYPOINT]
     else:
         enqueue_jobs(db, system, jobs, task)
-    db.settle(ALL_TABLES, protocol)
-    planner = db.planner_rows(PLANNER_TABLES)
-    queue_table = {"pgqueuer": "pgqueuer", "bare-min": "bench_min_queue"}.get(
-        system, "sqla_queue_job_executions"
+    own = {"pgboss": node_peers.PGBOSS_TABLES}.get(
+        system, node_peers.GRAPHILE_TABLES if graphile else ()
     )
-    args = [
-        "drain",
-        system,
-        "--url",
-        db.url,
-        "--dsn",
-        db.dsn,
-        "--concurrency",
-        str(batch),
-        "--task",
-        task,
-        "--limit",
-        str(limit),
-        *extra,
-    ]
+    db.settle([*ALL_TABLES, *own], protocol)
+    planner = db.planner_rows(PLANNER_TABLES)
+    queue_table = {
+        "pgqueuer": "pgqueuer",
+        "bare-min": "bench_min_queue",
+        "graphile": "_private_jobs",
+        "graphile-batched": "_private_jobs",
+        "pgboss": "job_common",
+    }.get(system, "sqla_queue_job_executions")
+    command: list[str] | None = None
+    if node:
+        # In the drain role graphile-worker's local queue stops at its first fetch that
+        # finds less than it asked for (as the hot queue's jobs make it do); the counted
+        # cases stop their workers with SIGTERM anyway.
+        role = "drain" if case == "plain" else "idle"
+        command = node_peers.worker_command(role, system, db.dsn, batch, task, extra)
+        args: list[str] = []
+    else:
+        args = [
+            "drain",
+            system,
+            "--url",
+            db.url,
+            "--dsn",
+            db.dsn,
+            "--concurrency",
+            str(batch),
+            "--task",
+            task,
+            "--limit",
+            str(limit),
+            *extra,
+        ]
     timeout = max(120.0, (backlog or jobs) / 200)
     with (
-        worker_processes([args] * workers, prefixes, env) as procs,
+        worker_processes([args] * workers, prefixes, env, command) as procs,
         db.connect() as conn,
         BackendCpuMeter(db) as server,
     ):
@@ -405,17 +556,22 @@ def drain_once(
             p.go()
         done = jobs
         if case != "plain":
-            done = _wait_for_counted(db, system, case, jobs, task, procs, cap_s)
+            total = (backlog or jobs) if case == "burst" else jobs
+            done = _wait_for_counted(db, system, case, jobs, task, procs, cap_s, total)
         reports = [p.finish(timeout) for p in procs]
-    if case == "plain":
+    # A capped run is reported at the rate it reached: its time scaled to ``jobs``.
+    if case == "plain" and no_history:
+        seconds = _finish_time_no_history(db, jobs, m0, reports)
+    elif case == "plain":
         seconds = _finish_time(db, system, jobs, t0, m0, reports)
     elif done == 0:
         raise RuntimeError(f"{system} {case}: no counted job done in {cap_s:.0f}s")
+    elif graphile:
+        seconds = node_peers.counted_seconds(reports, done, m0) * jobs / done
     else:
-        # A capped run is reported at the rate it reached: its time scaled to ``jobs``.
         seconds = _counted_time(db, system, case, done, task, t0) * jobs / done
     return DrainRun(
-        system,
+        variant,
         workers,
         batch,
         seconds,
@@ -474,7 +630,7 @@ def run_drain(db: BenchDatabase, config: DrainConfig, log: Any = print) -> dict[
                 )
                 runs.append(run)
                 log(
-                    f"  drain {protocol} {case:<5} {LABELS[system]:<22} W={workers} "
+                    f"  drain {protocol} {case:<5} {LABELS[system]:<24} W={workers} "
                     f"batch={batch} rep {rep + 1}/{config.repeat}: "
                     f"{run.rate(config.jobs):,.0f} jobs/s ({run.seconds:.2f}s, worker CPU "
                     f"{run.cpu_us_per_job(config.jobs):.0f} us/job, server CPU "
@@ -490,6 +646,9 @@ def run_drain(db: BenchDatabase, config: DrainConfig, log: Any = print) -> dict[
                     log("  WARNING: this cold run did not start from the empty tables' statistics")
     summary: dict[str, Any] = {}
     stats: dict[tuple[str, str, int, int, str], dict[str, Summary]] = {}
+    #: The rates of each cell's repeats, in run order (repeat i of every system ran in
+    #: round i, interleaved): per-round ratios compare runs made side by side.
+    rounds: dict[tuple[str, str, int, int, str], list[float]] = {}
     for workers, batch, case, protocol in cells:
         for system in config.systems_of(case):
             mine = [
@@ -498,6 +657,7 @@ def run_drain(db: BenchDatabase, config: DrainConfig, log: Any = print) -> dict[
                 if (r.system, r.workers, r.batch, r.case, r.protocol)
                 == (system, workers, batch, case, protocol)
             ]
+            rounds[(protocol, case, workers, batch, system)] = [r.rate(config.jobs) for r in mine]
             stats[(protocol, case, workers, batch, system)] = {
                 "rate": summarize([r.rate(config.jobs) for r in mine]),
                 "cpu": summarize([r.cpu_us_per_job(config.jobs) for r in mine]),
@@ -507,13 +667,36 @@ def run_drain(db: BenchDatabase, config: DrainConfig, log: Any = print) -> dict[
         rate = s["rate"]
         peer = stats.get((protocol, case, workers, batch, "pgqueuer"))
         bare = stats.get((protocol, case, workers, batch, "bare"))
+        sync = stats.get((protocol, case, workers, batch, "sqla-sync"))
         plain = stats.get((protocol, "plain", workers, batch, system))
+        mine_rounds = rounds[(protocol, case, workers, batch, system)]
+
+        def paired(other: str) -> float:
+            theirs = rounds.get((protocol, case, workers, batch, other), [])  # noqa: B023
+            pairs = [a / b for a, b in zip(mine_rounds, theirs, strict=False) if b > 0]  # noqa: B023
+            return statistics.median(pairs) if pairs else math.nan
+
         entry = {
             **rate.as_json(),
             "cpu_us_per_job": s["cpu"].median,
             "server_us_per_job": s["server"].median,
+            "total_cpu_us_per_job": s["cpu"].median + s["server"].median,
+            # Medians of per-round ratios (the issue's protocol), beside the ratios of
+            # medians below.
+            "rounds_vs": {
+                other: paired(other)
+                for other in (
+                    "sqla-sync",
+                    "sqla-sync-prefetch",
+                    "pgqueuer",
+                    "bare",
+                    "graphile",
+                    "graphile-batched",
+                )
+            },
             "vs_pgqueuer": ratio(rate.median, peer["rate"].median) if peer else math.nan,
             "vs_bare": ratio(rate.median, bare["rate"].median) if bare else math.nan,
+            "vs_sqla_sync": ratio(rate.median, sync["rate"].median) if sync else math.nan,
             "vs_plain": ratio(rate.median, plain["rate"].median) if plain else math.nan,
         }
         summary[f"{protocol}/{case}/{system}/W{workers}/b{batch}"] = entry
@@ -627,6 +810,7 @@ def _matrix_table(
             "batch",
             "system",
             "jobs/s",
+            "vs sqla sync",
             "vs PgQueuer",
             "vs bare SQL",
             "spread",
@@ -637,13 +821,19 @@ def _matrix_table(
     table.note(
         "worker CPU us/job: CPU time (user + system, all threads) the worker processes used "
         "after the start barrier, per job. server CPU us/job: the same for the PostgreSQL "
-        "backends serving the benchmark database (background writers not included)."
+        "backends serving the benchmark database (background writers not included). "
+        "graphile-worker: defaults (its pool of 10 connections), concurrency = batch; "
+        "batched: plus localQueue.size = batch and "
+        f"completions batched over {GRAPHILE_BATCH_DELAY_MS} ms; its clock stops at the last "
+        "completion its workers wrote (it keeps no history). pg-boss: batchSize = batch, "
+        "burstWhenBatchFull, 0.5 s poll, no supervision/cron in the workers."
     )
     for workers, batch, case, proto in cells:
         if case != "plain" or proto != protocol:
             continue
         peer = stats.get((protocol, case, workers, batch, "pgqueuer"))
         bare = stats.get((protocol, case, workers, batch, "bare"))
+        sync = stats.get((protocol, case, workers, batch, "sqla-sync"))
         for system in config.systems_of(case):
             s = stats[(protocol, case, workers, batch, system)]
             rate = s["rate"]
@@ -652,6 +842,7 @@ def _matrix_table(
                 batch,
                 LABELS[system],
                 fmt_rate(rate),
+                fmt_ratio(ratio(rate.median, sync["rate"].median)) if sync else "-",
                 fmt_ratio(ratio(rate.median, peer["rate"].median)) if peer else "-",
                 fmt_ratio(ratio(rate.median, bare["rate"].median)) if bare else "-",
                 f"{rate.spread():.0%}",

@@ -40,7 +40,7 @@ from bench.drain import DrainRun, drain_once
 __all__ = ["main", "run_pgbouncer_drain"]
 
 PATHS = ("direct", "pgbouncer")
-SYSTEMS = ("sqla-sync", "sqla-async")
+SYSTEMS = ("sqla-sync", "sqla-async", "sqla-sync-prefetch", "sqla-async-prefetch")
 
 
 def _completion_percentiles(db: BenchDatabase, run: DrainRun) -> tuple[float, float]:
@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="repeats of each drain (3)")
     parser.add_argument(
         "--systems",
-        default=",".join(SYSTEMS),
-        help="comma-separated: sqla-sync, sqla-async (default both)",
+        default="sqla-sync,sqla-async",
+        help="comma-separated, of " + ", ".join(SYSTEMS) + " (default sqla-sync,sqla-async)",
     )
     args = parser.parse_args(argv)
     systems = [s for s in args.systems.split(",") if s]

@@ -8,11 +8,15 @@ It creates a scratch database ``sqlaq_bench_<pid>_<hex>`` on the server of ``--u
 ``$SQLA_QUEUE_TEST_URL``, else 127.0.0.1:5432, else an embedded server), installs
 sqla_queue's, PgQueuer's and the bare baseline's tables in it, and drops it at the end.
 No other database is touched.
+
+The drain also runs graphile-worker and pg-boss (Node) when ``npm`` can install
+``bench/node`` (see bench/node_peers.py); ``--no-node`` leaves them out.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -24,11 +28,12 @@ from typing import Any
 
 from bench.backlog import BacklogConfig, LimitConfig, run_backlog, run_limits
 from bench.common import BenchDatabase, TextTable, load_average, machine_info, resolve_server_url
-from bench.drain import DrainConfig, run_drain
+from bench.drain import LABELS, NODE_SYSTEMS, DrainConfig, run_drain
 from bench.enqueue import EnqueueConfig, run_enqueue
 from bench.latency import LatencyConfig, run_latency
+from bench.sustained import SustainedConfig, run_sustained
 
-SCENARIOS = ("drain", "enqueue", "latency", "backlog", "limits")
+SCENARIOS = ("drain", "enqueue", "latency", "backlog", "limits", "sustained")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,7 +67,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="backlog: 10,000,000 rows of history instead of 1,000,000 (minutes, GBs)",
     )
+    parser.add_argument(
+        "--systems", help="drain: comma-separated systems (default: every one installed)"
+    )
+    parser.add_argument("--cases", help="drain: comma-separated cases of plain,burst,hot")
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
+    parser.add_argument(
+        "--no-node",
+        action="store_true",
+        help="leave the Node peers (graphile-worker, pg-boss) out of the drain; without npm "
+        "they are left out anyway",
+    )
     return parser.parse_args(argv)
 
 
@@ -84,6 +99,8 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
             repeat=args.repeat or (1 if quick else 3),
             protocols=protocols,
             cap_s=45.0 if quick else 120.0,
+            **({"systems": tuple(args.systems.split(","))} if args.systems else {}),
+            **({"cases": tuple(args.cases.split(","))} if args.cases else {}),
         ),
         "enqueue": EnqueueConfig(
             transactions=500 if quick else 2_000,
@@ -104,7 +121,85 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
             repeat=1 if quick else repeat,
             protocol=protocols[0],
         ),
+        "sustained": SustainedConfig(seconds=15.0 if quick else 60.0),
     }
+
+
+def with_node_peers(config: DrainConfig, wanted: bool) -> DrainConfig:
+    """``config`` without the Node systems unless they are ``wanted`` and npm installs them."""
+    from bench import node_peers
+
+    reason = "--no-node"
+    if wanted:
+        try:
+            node_peers.ensure_installed()
+            return config
+        except node_peers.NodePeersUnavailable as error:
+            reason = str(error)
+    print(f"drain: without the Node peers, graphile-worker and pg-boss ({reason})", flush=True)
+    return dataclasses.replace(
+        config, systems=tuple(s for s in config.systems if s not in NODE_SYSTEMS)
+    )
+
+
+#: (sqla_queue drain system, its sync twin or None): the rows the drain targets check.
+DRAIN_TARGETS = (
+    ("sqla-sync", None),
+    ("sqla-async", "sqla-sync"),
+    ("sqla-sync-prefetch", None),
+    ("sqla-async-prefetch", "sqla-sync-prefetch"),
+)
+
+
+def _drain_targets(add: Callable[[str, float, bool, str], None], dsum: Any, protocol: str) -> None:
+    """Issue 28's drain targets at 2 workers and batch 10, from per-round ratios."""
+    tag = f"[{protocol}]"
+
+    def cell(case: str, system: str) -> dict[str, Any]:
+        found: dict[str, Any] = dsum.get(f"{protocol}/{case}/{system}/W2/b10", {})
+        return found
+
+    batched = cell("plain", "graphile-batched")
+    for system, sync in DRAIN_TARGETS:
+        plain = cell("plain", system)
+        if not plain:
+            continue
+        label = LABELS[system]
+        vs = plain.get("rounds_vs", {})
+        for other, name, aim in (
+            ("graphile-batched", "graphile-worker batched", 1.2),
+            ("pgqueuer", "PgQueuer", 1.5),
+            ("bare", "bare SQL", 0.9),
+        ):
+            value = vs.get(other, math.nan)
+            shown = f"{value:.2f}x"
+            add(f"{tag} plain drain, {label} >= {aim}x {name}", value, value >= aim, shown)
+        if batched:
+            mine, theirs = plain["total_cpu_us_per_job"], batched["total_cpu_us_per_job"]
+            add(
+                f"{tag} {label}: worker + server CPU/job <= graphile-worker batched's",
+                mine,
+                mine <= theirs,
+                f"{mine:.0f} vs {theirs:.0f} us",
+            )
+        if sync is not None:
+            value = vs.get(sync, math.nan)
+            add(f"{tag} {label} >= 0.95x sync", value, value >= 0.95, f"{value:.2f}x")
+            twin = cell("plain", sync)
+            if twin:
+                cpu = plain["total_cpu_us_per_job"] / twin["total_cpu_us_per_job"]
+                add(f"{tag} {label}: CPU/job <= 1.1x sync", cpu, cpu <= 1.1, f"{cpu:.2f}x")
+        for case, name in (("burst", "first 10% of a burst"), ("hot", "behind a hot key")):
+            value = cell(case, system).get("vs_plain", math.nan)
+            add(f"{tag} {label}, {name} >= 0.85x plain", value, value >= 0.85, f"{value:.2f}x")
+    nohistory = cell("plain", "sqla-sync-nohistory").get("rounds_vs", {})
+    value = nohistory.get("graphile-batched", math.nan)
+    add(
+        f"{tag} plain drain, no history >= 1.5x graphile-worker batched",
+        value,
+        value >= 1.5,
+        f"{value:.2f}x",
+    )
 
 
 def targets(results: dict[str, Any]) -> TextTable:
@@ -118,25 +213,14 @@ def targets(results: dict[str, Any]) -> TextTable:
     drain = results.get("drain", {})
     dsum = drain.get("summary", {})
     for protocol in drain.get("protocols", []):
-        tag = f"[{protocol}]"
-        for system, label in (("sqla-sync", "sync"), ("sqla-async", "async")):
-            a = dsum.get(f"{protocol}/plain/{system}/W2/b10", {})
-            b = dsum.get(f"{protocol}/burst/{system}/W2/b10", {})
-            c = dsum.get(f"{protocol}/hot/{system}/W2/b10", {})
-            for case, name in ((a, "plain drain"), (b, "first-of-burst drain")):
-                peer = case.get("vs_pgqueuer", math.nan)
-                add(f"{tag} {name} {label} >= 1.5x PgQueuer", peer, peer >= 1.5, f"{peer:.2f}x")
-            bare = a.get("vs_bare", math.nan)
-            add(f"{tag} plain drain {label} >= 0.75x bare SQL", bare, bare >= 0.75, f"{bare:.2f}x")
-            pair = b.get("vs_plain", math.nan)
-            add(f"{tag} first-of-burst {label} >= 0.8x plain", pair, pair >= 0.8, f"{pair:.2f}x")
-            hot = c.get("vs_plain", math.nan)
-            add(f"{tag} hot-key drain {label} >= 0.8x plain", hot, hot >= 0.8, f"{hot:.2f}x")
+        _drain_targets(add, dsum, protocol)
     enq = results.get("enqueue", {}).get("summary", {})
     sq = enq.get("bulk/sqla", {}).get("median", math.nan)
     pq = enq.get("bulk/pgqueuer", {}).get("median", math.nan)
     cp = enq.get("bulk/copy", {}).get("median", math.nan)
     add("bulk enqueue >= 1.2x PgQueuer", sq / pq, sq / pq >= 1.2, f"{sq / pq:.2f}x")
+    st = enq.get("bulk/sqla-stmt", {}).get("median", math.nan)
+    add("bulk enqueue (COPY) >= 2x the statement", sq / st, sq / st >= 2, f"{sq / st:.2f}x")
     add("bulk enqueue >= 0.5x COPY", sq / cp, sq / cp >= 0.5, f"{sq / cp:.2f}x")
     same = [
         (run_sqla - run_host) / (run_bare - run_host)
@@ -172,6 +256,14 @@ def targets(results: dict[str, Any]) -> TextTable:
                 value <= 2,
                 f"{value:.2f}x",
             )
+    limited = results.get("limits", {}).get("summary", {}).get("5000", {})
+    paired = limited.get("paired_vs_unlimited", [])
+    value = statistics.median(paired) if paired else math.nan
+    add("drain of a task limited to 5000 >= 0.85x unlimited", value, value >= 0.85, f"{value:.2f}x")
+    for target in results.get("sustained", {}).get("targets", []):
+        met = target["met"]
+        value = math.nan if met is None else float(target["value"])
+        add(f"sustained: {target['target']}", value, bool(met), f"{value:.1f}")
     if backlog:
         scans = backlog.get("seq_scans", [])
         add("[cold] no seq scan in the claim plans", 0.0, not scans, "; ".join(scans) or "none")
@@ -195,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown scenarios: {sorted(unknown)}; choose from {SCENARIOS}", file=sys.stderr)
         return 2
     cfg = configs(args)
+    if "drain" in chosen:
+        cfg["drain"] = with_node_peers(cfg["drain"], not args.no_node)
     server = resolve_server_url(args.url)
     started = time.monotonic()
     results: dict[str, Any] = {}
@@ -208,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             "latency": run_latency,
             "backlog": run_backlog,
             "limits": run_limits,
+            "sustained": run_sustained,
         }
         for name in chosen:
             print(f"\n[{name}] load average {_load()}", flush=True)

@@ -10,7 +10,21 @@ Roles:
   ``mode=drain``, the bare loops until an empty claim);
 * ``idle``: wait for jobs until SIGTERM (the latency scenario);
 * ``produce``: run ``--count`` business transactions, each inserting an order and
-  enqueueing one job.
+  enqueueing one job;
+* ``produce-paced``: business transactions at a fixed ``--rate`` for ``--seconds`` (the
+  sustained-load scenario, :mod:`bench.sustained`), each enqueueing one stamp job keyed
+  ``--offset + i``. The i-th transaction is due at ``start + --phase + i / rate`` (a
+  schedule that does not drift: a late transaction is followed at once by the next);
+  ``--lanes`` threads (asyncio tasks for PgQueuer), one connection each, run them, so
+  that commits waiting on the disk do not hold the schedule back; ``--nice`` lowers the
+  producer's CPU priority below the workers'. The window closes ``--seconds`` after the
+  start; transactions still due then are not run. It reports ``commits`` (``[key,
+  monotonic time right after the commit]`` pairs) and how late the transactions
+  started. Systems: ``sqla`` (a Session: an order row and ``task.enqueue(session, ...)``
+  of ``--task``, ``bench.stamp`` or, for the asyncio worker, ``bench.astamp``; with
+  ``--quiet`` through the queue that sends no NOTIFY), ``pgqueuer`` (asyncpg: the order
+  row and PgQueuer's ``Queries.enqueue`` in one transaction), ``graphile`` (psycopg: the
+  order row and ``graphile_worker.add_job`` in one transaction).
 """
 
 from __future__ import annotations
@@ -19,6 +33,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import resource
 import signal
 import sys
@@ -43,6 +58,21 @@ PRODUCERS = (
     "pgqueuer",
 )
 PGQ_CHANNEL = "ch_pgqueuer"
+#: The producers of the ``produce-paced`` role.
+PACED = ("sqla", "pgqueuer", "graphile")
+#: graphile-worker's task of the sustained scenario (the Node worker's stamp handler).
+GRAPHILE_TASK = "noop"
+#: The ``async def`` twin of ``bench.app``'s stamp task, for the asyncio worker (which runs
+#: plain functions in a thread pool).
+ASTAMP = "bench.astamp"
+
+
+async def _astamp(seq: int) -> None:
+    """Record when the handler of job number ``seq`` started."""
+    app.STARTS[seq] = time.monotonic()
+
+
+app.queue.task(name=ASTAMP)(_astamp)
 
 
 #: CPU seconds (all threads, user + system) this process had used when released.
@@ -132,9 +162,16 @@ def _through_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"connect_args": {"prepare_threshold": None}} if args.through else {}
 
 
+def _sqla_target(args: argparse.Namespace) -> Any:
+    """The queue a sqla_queue worker serves: the app's, its quiet or its history-less view."""
+    if args.no_history:
+        return app.nohistory_queue
+    return app.quiet_queue if args.quiet else app.queue
+
+
 def run_sqla_sync(args: argparse.Namespace) -> None:
     """The sync worker, built the way ``sqla-queue worker`` builds it."""
-    target = app.quiet_queue if args.quiet else app.queue
+    target = _sqla_target(args)
     engine = create_engine(args.through or args.url, pool_size=2, **_through_options(args))
     counts: Counter[str] = Counter()
     if args.trace_statements:
@@ -144,6 +181,7 @@ def run_sqla_sync(args: argparse.Namespace) -> None:
     worker = target.worker(
         sessionmaker(engine),
         concurrency=args.concurrency,
+        prefetch=args.prefetch,
         tasks=[args.task],
         poll_interval=args.poll_interval,
         listen=not args.quiet,
@@ -151,15 +189,16 @@ def run_sqla_sync(args: argparse.Namespace) -> None:
     )
     _handshake()
     stats = worker.run(burst=args.role == "drain")
+    last_done = time.monotonic()
     engine.dispose()
-    _report(claimed=stats.claimed, starts=app.STARTS, statements=counts)
+    _report(claimed=stats.claimed, starts=app.STARTS, statements=counts, last_done=last_done)
 
 
 def run_sqla_async(args: argparse.Namespace) -> None:
     """The asyncio worker, built the way ``sqla-queue worker --async`` builds it."""
     from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
-    target = app.quiet_queue if args.quiet else app.queue
+    target = _sqla_target(args)
 
     counts: Counter[str] = Counter()
 
@@ -174,6 +213,7 @@ def run_sqla_async(args: argparse.Namespace) -> None:
         worker = target.async_worker(
             async_sessionmaker(engine),
             concurrency=args.concurrency,
+            prefetch=args.prefetch,
             tasks=[args.task],
             poll_interval=args.poll_interval,
             listen=not args.quiet,
@@ -181,11 +221,13 @@ def run_sqla_async(args: argparse.Namespace) -> None:
         )
         _handshake()
         stats = await worker.run(burst=args.role == "drain")
+        done["last_done"] = time.monotonic()
         await engine.dispose()
         return stats.claimed
 
+    done: dict[str, float] = {}
     claimed = asyncio.run(main())
-    _report(claimed=claimed, starts=app.STARTS, statements=counts)
+    _report(claimed=claimed, starts=app.STARTS, statements=counts, **done)
 
 
 # -- PgQueuer ---------------------------------------------------------------------------------
@@ -349,17 +391,186 @@ def _produce_pgqueuer(args: argparse.Namespace) -> None:
     _report(start=start, end=end)
 
 
+# -- paced producers (the sustained-load scenario) ----------------------------------------------
+
+
+class Pacer:
+    """The due times of a paced producer: the i-th at ``start + phase + i / rate``.
+
+    Its lanes (threads or tasks, one connection each) take the next transaction from it,
+    so that up to ``lanes`` transactions are in flight when commits wait on the disk.
+    ``late`` collects how far behind its due time each transaction started (seconds).
+    """
+
+    def __init__(self, rate: float, seconds: float, phase: float) -> None:
+        self.rate = rate
+        self.phase = phase
+        self.count = max(0, math.ceil((seconds - phase) * rate))
+        self.start = time.monotonic()
+        self.end = self.start + seconds
+        self.late: list[float] = []
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> tuple[int, float] | None:
+        """The next transaction's index and the seconds to sleep before it; None at the end."""
+        with self._lock:
+            i = self._next
+            now = time.monotonic()
+            if now >= self.end or i >= self.count:
+                return None
+            self._next += 1
+        pause = self.start + self.phase + i / self.rate - now
+        self.late.append(max(0.0, -pause))
+        return i, max(0.0, pause)
+
+    def report(self, commits: list[tuple[int, float]]) -> dict[str, Any]:
+        """What the parent needs: the commits and how far the producer lagged."""
+        late = sorted(self.late)
+        return {
+            "start": self.start,
+            "scheduled": self.count,
+            "commits": commits,
+            "late_p50_ms": 1000 * late[len(late) // 2] if late else 0.0,
+            "late_max_ms": 1000 * late[-1] if late else 0.0,
+        }
+
+
+def run_paced(args: argparse.Namespace) -> None:
+    """Business transactions at ``--rate`` for ``--seconds``, one stamp job each."""
+    import os
+
+    # A lower priority keeps many producer threads from starving the workers of CPU on a
+    # small machine (in production they run on other hosts); a shorter switch interval
+    # keeps a lane that has just committed from waiting long for the GIL to stamp it.
+    os.nice(args.nice)
+    sys.setswitchinterval(0.001)
+    if args.system == "pgqueuer":
+        _paced_pgqueuer(args)
+    else:
+        _paced_threads(args)
+
+
+def _paced_threads(args: argparse.Namespace) -> None:
+    """``--lanes`` threads, each with its own connection: sqla_queue or graphile-worker."""
+    import psycopg
+
+    commits: list[tuple[int, float]] = []
+    errors: list[BaseException] = []
+    engine = create_engine(args.url, pool_size=args.lanes)
+    SessionLocal = sessionmaker(engine)
+    # --quiet: the queue that sends no NOTIFY (its workers poll).
+    target = app.quiet_queue if args.quiet else app.queue
+    stamp = target.get_task(args.task if args.task in (app.STAMP, ASTAMP) else app.STAMP)
+
+    def sqla_lane(pacer: Pacer) -> None:
+        while (got := pacer.take()) is not None:
+            i, pause = got
+            time.sleep(pause)
+            n = args.offset + i
+            with SessionLocal.begin() as session:
+                session.add(app.Order(total=n))
+                stamp.enqueue(session, seq=n)
+            commits.append((n, time.monotonic()))
+
+    def graphile_lane(pacer: Pacer, conn: psycopg.Connection[Any]) -> None:
+        while (got := pacer.take()) is not None:
+            i, pause = got
+            time.sleep(pause)
+            n = args.offset + i
+            with conn.transaction():
+                conn.execute("INSERT INTO bench_orders (total) VALUES (%s)", (n,))
+                conn.execute(
+                    "SELECT graphile_worker.add_job(%s, json_build_object('n', %s::bigint))",
+                    (GRAPHILE_TASK, n),
+                )
+            commits.append((n, time.monotonic()))
+
+    def guarded(lane: Any, *lane_args: Any) -> None:
+        try:
+            lane(*lane_args)
+        except BaseException as exc:
+            errors.append(exc)
+            raise
+
+    conns: list[psycopg.Connection[Any]] = []
+    if args.system == "graphile":
+        conns = [psycopg.connect(args.dsn, autocommit=True) for _ in range(args.lanes)]
+    else:
+        # Open every lane's pooled connection before the clock.
+        held = [engine.connect() for _ in range(args.lanes)]
+        for pooled in held:
+            pooled.execute(text("SELECT 1"))
+        for pooled in held:
+            pooled.close()
+    _handshake()
+    pacer = Pacer(args.rate, args.seconds, args.phase)
+    threads = [
+        threading.Thread(
+            target=guarded,
+            args=(graphile_lane, pacer, conns[k]) if conns else (sqla_lane, pacer),
+        )
+        for k in range(args.lanes)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for conn in conns:
+        conn.close()
+    engine.dispose()
+    if errors:
+        raise errors[0]
+    _report(**pacer.report(sorted(commits)))
+
+
+def _paced_pgqueuer(args: argparse.Namespace) -> None:
+    import asyncpg
+    from pgqueuer.db import AsyncpgDriver
+    from pgqueuer.queries import Queries
+
+    commits: list[tuple[int, float]] = []
+
+    async def lane(pacer: Pacer, conn: Any) -> None:
+        queries = Queries(AsyncpgDriver(conn))
+        while (got := pacer.take()) is not None:
+            i, pause = got
+            await asyncio.sleep(pause)
+            n = args.offset + i
+            async with conn.transaction():
+                await conn.execute("INSERT INTO bench_orders (total) VALUES ($1)", n)
+                await queries.enqueue(app.STAMP, str(n).encode())
+            commits.append((n, time.monotonic()))
+
+    async def main() -> dict[str, Any]:
+        conns = [await asyncpg.connect(args.dsn) for _ in range(args.lanes)]
+        _handshake()
+        pacer = Pacer(args.rate, args.seconds, args.phase)
+        await asyncio.gather(*(lane(pacer, conn) for conn in conns))
+        for conn in conns:
+            await conn.close()
+        return pacer.report(sorted(commits))
+
+    _report(**asyncio.run(main()))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("role", choices=("drain", "idle", "produce"))
-    parser.add_argument("system", choices=sorted(set(SYSTEMS) | set(PRODUCERS)))
+    parser.add_argument("role", choices=("drain", "idle", "produce", "produce-paced"))
+    parser.add_argument("system", choices=sorted(set(SYSTEMS) | set(PRODUCERS) | set(PACED)))
     parser.add_argument("--url", required=True, help="SQLAlchemy URL of the scratch database")
     parser.add_argument("--dsn", required=True, help="the same database as a libpq URI")
     parser.add_argument("--concurrency", type=int, default=10, help="concurrency and batch")
     parser.add_argument("--task", default=app.NOOP)
     parser.add_argument("--poll-interval", type=float, default=1.0)
     parser.add_argument("--quiet", action="store_true", help="no NOTIFY, no LISTEN")
+    parser.add_argument(
+        "--prefetch", type=int, default=0, help="sqla_queue: jobs claimed beyond concurrency"
+    )
+    parser.add_argument(
+        "--no-history", action="store_true", help='sqla_queue: the Queue(history="none") view'
+    )
     parser.add_argument(
         "--through",
         default="",
@@ -374,6 +585,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--trace-statements", action="store_true", help="count statements (sqla_queue only)"
     )
     parser.add_argument("--count", type=int, default=1000, help="transactions to produce")
+    parser.add_argument("--rate", type=float, default=100.0, help="produce-paced: tx/s")
+    parser.add_argument("--seconds", type=float, default=10.0, help="produce-paced: window")
+    parser.add_argument("--offset", type=int, default=0, help="produce-paced: first key")
+    parser.add_argument(
+        "--phase", type=float, default=0.0, help="produce-paced: delay of the first due time"
+    )
+    parser.add_argument(
+        "--lanes", type=int, default=1, help="produce-paced: transactions in flight at most"
+    )
+    parser.add_argument("--nice", type=int, default=0, help="produce-paced: niceness to add")
     return parser.parse_args(argv)
 
 
@@ -383,6 +604,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.role == "produce":
         run_producer(args)
+    elif args.role == "produce-paced":
+        run_paced(args)
     elif args.system == "sqla-sync":
         run_sqla_sync(args)
     elif args.system == "sqla-async":

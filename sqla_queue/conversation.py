@@ -5,7 +5,9 @@ touches a connection, a clock's sleep or an event loop. It yields one step at a 
 
 * a statement, as a :class:`Step` (or any ``(statement, params)`` pair), and is sent
   the statement's rows (``()`` for a statement without rows, such as ``SET LOCAL``);
-* a :class:`Wait`, and is sent ``()`` once the wait is over.
+* a :class:`Wait`, and is sent ``()`` once the wait is over;
+* a :class:`DriverStep`, which talks to the driver itself (a ``COPY``), and is sent what
+  it returns.
 
 It ends by returning its value, or by raising. If a statement fails, its error is thrown
 into the flow at the ``yield`` that asked for it: a flow that expects an error (a row
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -45,6 +48,7 @@ from sqlalchemy.sql import Executable
 from sqla_queue._binds import AnyBind, one_async_transaction, one_transaction
 
 __all__ = [
+    "DriverStep",
     "Flow",
     "Step",
     "Wait",
@@ -81,10 +85,27 @@ class Wait:
     seconds: float
 
 
+class DriverStep(ABC):
+    """A step that needs the driver's own API (a ``COPY ... FROM STDIN``, say).
+
+    It holds its I/O in two thin methods, one per face; the flow that yields it stays
+    free of I/O. An error it raises is thrown into the flow like a statement's.
+    """
+
+    @abstractmethod
+    def run(self, connection: Connection) -> Sequence[Any]:
+        """Do the step on ``connection``; what the flow is sent back."""
+
+    @abstractmethod
+    async def run_async(self, connection: AsyncConnection) -> Sequence[Any]:
+        """:meth:`run` on an ``AsyncConnection``."""
+
+
 #: A conversation written once for both I/O styles: it yields statements (a :class:`Step`
-#: or any ``(statement, params)`` pair; it is sent their rows) and :class:`Wait` steps (it
-#: is sent ``()``), until it returns its value. :func:`drive` and :func:`drive_async` run it.
-Flow = Generator[tuple[Executable, Mapping[str, Any]] | Wait, Sequence[Any], T]
+#: or any ``(statement, params)`` pair; it is sent their rows), :class:`Wait` steps (it
+#: is sent ``()``) and :class:`DriverStep` values, until it returns its value.
+#: :func:`drive` and :func:`drive_async` run it.
+Flow = Generator[tuple[Executable, Mapping[str, Any]] | Wait | DriverStep, Sequence[Any], T]
 
 #: What a flow is sent next: nothing (it has not started), a statement's rows, or the
 #: statement's error, to be thrown into it.
@@ -100,7 +121,7 @@ class _Returned(Generic[T]):
 
 def _resume(
     flow: Flow[T], reply: _Reply
-) -> tuple[Executable, Mapping[str, Any]] | Wait | _Returned[T]:
+) -> tuple[Executable, Mapping[str, Any]] | Wait | DriverStep | _Returned[T]:
     """``flow``'s next step after ``reply``, or its value once it returns."""
     try:
         if reply is None:
@@ -128,8 +149,11 @@ def drive(
             wait(step.seconds)
             reply = ()
             continue
-        statement, params = step
         try:
+            if isinstance(step, DriverStep):
+                reply = step.run(connection)
+                continue
+            statement, params = step
             result = connection.execute(statement, dict(params))
             # A statement without rows (DDL, SET LOCAL) is sent back no rows.
             reply = result.all() if result.returns_rows else ()
@@ -151,8 +175,11 @@ async def drive_async(
             await wait(step.seconds)
             reply = ()
             continue
-        statement, params = step
         try:
+            if isinstance(step, DriverStep):
+                reply = await step.run_async(connection)
+                continue
+            statement, params = step
             result = await connection.execute(statement, dict(params))
             reply = result.all() if result.returns_rows else ()
         except Exception as exc:
@@ -192,7 +219,7 @@ def before_first(
     started = False
     reply: _Reply = None
     while not isinstance(step := _resume(inner, reply), _Returned):
-        if not started and not isinstance(step, Wait) and step[0] is statement:
+        if not started and isinstance(step, tuple) and step[0] is statement:
             started = True
             yield from prelude()
         try:

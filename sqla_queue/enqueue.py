@@ -13,7 +13,8 @@ forms, and the lookup of a task's defaults (a :data:`DefaultsLookup`, the regist
 :class:`~sqla_queue.Task`. This module imports neither of them.
 
 A task with ``max_pending`` (a bounded task) takes another road, through
-:mod:`sqla_queue.bounded`; an unbounded task's enqueue never comes near it.
+:mod:`sqla_queue.bounded`; an unbounded task's enqueue never comes near it. A large batch
+of plain jobs on a psycopg connection is written by COPY (:mod:`sqla_queue.copying`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ from sqla_queue._binds import AnyBind, on_connection, options_of, scalars_each
 from sqla_queue.bounded import BoundedStatements, bounded_flow, wait_of, write_flow
 from sqla_queue.compiled import CompiledStatement, driver_statement_for
 from sqla_queue.conversation import Flow, run_flow
+from sqla_queue.copying import (
+    CopyRows,
+    copy_flow,
+    copy_names,
+    copy_usable,
+    copy_wanted,
+)
 from sqla_queue.errors import PayloadNotSerializableError
 from sqla_queue.logic.payload import (
     check_storable,
@@ -49,7 +57,12 @@ from sqla_queue.spec import (
     check_keywords,
     make_enqueue_options,
 )
-from sqla_queue.statements.enqueue import EnqueueParams, EnqueueRow, enqueue_statement
+from sqla_queue.statements.enqueue import (
+    EnqueueParams,
+    EnqueueRow,
+    enqueue_statement,
+    notify_statement,
+)
 from sqla_queue.unique import UniqueStatements, unique_enqueue_flow
 
 __all__ = [
@@ -252,6 +265,11 @@ class EnqueueStatements:
             return found
 
     @cached_property
+    def notify(self) -> Select[Any]:
+        """The ``pg_notify`` that wakes this queue's workers, for a COPY enqueue."""
+        return notify_statement(self.tables)
+
+    @cached_property
     def bounded(self) -> BoundedStatements:
         """The statements of a bounded enqueue (built on first use)."""
         return BoundedStatements.build(self.tables)
@@ -360,12 +378,19 @@ class Enqueuer:
         All specs are checked before the first row is written, and the chunks are written
         in one transaction, even on an AUTOCOMMIT connection (see
         :func:`~sqla_queue._binds.scalars_each`): a batch is written whole or not at all.
-        Returns ids in input order (or a coroutine of them for async sessions).
+        Returns ids in input order (or a coroutine of them for async sessions). A large
+        batch of plain jobs on psycopg goes by COPY (:mod:`sqla_queue.copying`), whose
+        arguments are checked as the rows stream, and undone to a savepoint if one fails.
         """
         specs = specs if isinstance(specs, Sequence) else list(specs)
         if any(spec.options.unique_key is not None for spec in specs):
             return self.enqueue_unique(session, specs)
         bounds: dict[str, int] = {}
+        if copy_wanted(session, specs):
+            rows = CopyRows.prepare(specs, self._noting_bounds(bounds))
+            if not bounds:
+                return on_connection(session, lambda c: self._write_copy(c, specs, rows))
+            return self.enqueue_bounded(session, specs, bounds)
         chunks = prepare_rows(specs, self._noting_bounds(bounds))
         if bounds:
             return self.enqueue_bounded(session, specs, bounds, chunks)
@@ -377,6 +402,23 @@ class Enqueuer:
             return scalars_each(connection, statement, params)
 
         return on_connection(session, write)
+
+    def _write_copy(
+        self, connection: Connection | AsyncConnection, specs: Sequence[JobSpec], rows: CopyRows
+    ) -> list[int] | Coroutine[Any, Any, list[int]]:
+        """Write ``rows`` (the plain jobs of ``specs``) by COPY on ``connection``, or by the
+        statement where COPY cannot apply (see :mod:`sqla_queue.copying`)."""
+        statements = self.statements_for(connection)
+        statement = statements.by_shape[False]
+
+        def by_statement() -> Flow[list[int]]:
+            return write_flow(statement, prepare_rows(specs, self.defaults))
+
+        if not copy_usable(connection):
+            return run_flow(connection, by_statement())
+        notify = statements.notify if self.notify else None
+        names = copy_names(statements.tables, connection.dialect)
+        return run_flow(connection, copy_flow(rows, names, notify, by_statement))
 
     def _noting_bounds(self, bounds: dict[str, int]) -> DefaultsLookup:
         """:attr:`defaults`, noting in ``bounds`` the ``max_pending`` of each bounded task."""

@@ -45,7 +45,7 @@ from sqla_queue.errors import (
     ResultTimeoutError,
 )
 from sqla_queue.logic.times import check_delay
-from sqla_queue.models.tables import JobStatus, QueueTables
+from sqla_queue.models.tables import HistoryLayout, JobStatus, QueueTables
 from sqla_queue.statements.lifecycle import (
     UNLISTEN_ALL,
     CancelOutcome,
@@ -195,12 +195,7 @@ def result_flow(
     while True:
         rows = yield from _tolerant(job_outcome_statement(tables), params)
         if not rows:
-            raise JobNotFoundError(
-                f"no job has id {job_id}: never enqueued, pruned, or enqueued in a "
-                "transaction that has not committed yet (result() reads on its own "
-                "connection, so commit the enqueue first)",
-                job_id=job_id,
-            )
+            raise JobNotFoundError(_not_found(tables, job_id), job_id=job_id)
         row = rows[0]
         if row.status != JobStatus.QUEUED:
             return _settled(job_id, row)
@@ -217,6 +212,21 @@ def result_flow(
         yield Wait(wait)
         if not listening:
             poll = min(poll * 2, POLL_MAX)
+
+
+def _not_found(tables: QueueTables, job_id: int) -> str:
+    """Why job ``job_id`` has no row, as far as the queue's history layout can tell."""
+    reasons = "never enqueued, pruned, or enqueued in a transaction that has not committed yet"
+    if tables.history == HistoryLayout.NONE:
+        # Only a job awaited before it finished keeps its row: a later waiter comes too late.
+        reasons = (
+            "it succeeded before result() was called and, as the queue keeps no history "
+            "(history='none'), its row was deleted; or it was " + reasons
+        )
+    return (
+        f"no job has id {job_id}: {reasons} (result() reads on its own connection, so "
+        "commit the enqueue first)"
+    )
 
 
 def _settled(job_id: int, row: Any) -> Any:

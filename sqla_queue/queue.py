@@ -137,8 +137,8 @@ class Queue:
         max_reclaims: how often a job may be lost before it is failed instead of rerun.
         max_attempts: default attempts per job (1: a failure is final).
         retry: default backoff between attempts.
-        history: ``"plain"`` (the default: finished jobs pruned by ``DELETE``) or
-            ``"partitioned"`` (see :mod:`sqla_queue.history`), as the database has it.
+        history: ``"plain"`` (the default), ``"partitioned"`` (:mod:`sqla_queue.history`) or
+            ``"none"`` (succeeded jobs deleted at completion), as the database has it.
     """
 
     def __init__(

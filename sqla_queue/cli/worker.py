@@ -77,6 +77,12 @@ def add_worker_parsers(sub: Subparsers) -> None:
         type=whole_number(1, _CONCURRENCY, "--batch-size"),
         help="executions per claim",
     )
+    worker.add_argument(
+        "--prefetch",
+        type=whole_number(0, _CONCURRENCY, "--prefetch"),
+        default=0,
+        help="jobs claimed ahead of need, beyond --concurrency (short jobs; default 0)",
+    )
     worker.add_argument("--tasks", help="comma-separated task names (default: all registered)")
     worker.add_argument("--async", dest="use_async", action="store_true", help="asyncio worker")
     worker.add_argument("--burst", action="store_true", help="exit when nothing is eligible")
@@ -140,6 +146,7 @@ def _settings(args: argparse.Namespace, queue: Queue, url: str) -> dict[str, Any
     settings: dict[str, Any] = {
         "concurrency": args.concurrency,
         "batch_size": args.batch_size,
+        "prefetch": args.prefetch,
         "poll_interval": args.poll_interval,
         "shutdown_timeout": args.shutdown_timeout,
         "tasks": args.tasks.split(",") if args.tasks else None,

@@ -65,8 +65,8 @@ MAX_AHEAD = 1000
 def _require_partitioned(tables: QueueTables) -> None:
     if tables.history != HistoryLayout.PARTITIONED:
         raise ValueError(
-            "this queue keeps its history in one table (Queue(history='plain')): there are "
-            "no partitions. Declare Queue(..., history='partitioned') and migrate with "
+            f"this queue has no history partitions (Queue(history={tables.history!r})). "
+            "Declare Queue(..., history='partitioned') and migrate with "
             "op.partition_history() to use them; queue.prune deletes old rows meanwhile"
         )
 

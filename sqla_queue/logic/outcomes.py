@@ -164,6 +164,8 @@ class ClaimedJob:
     payload: Any
     #: When the execution became due (the claim returns it): queue wait is measured from it.
     execute_at: dt.datetime | None = None
+    #: The job's priority: prefetched jobs start in its order.
+    priority: int = 0
 
 
 @dataclass(frozen=True)

@@ -52,11 +52,16 @@ class HistoryLayout:
     ``jobs_live``, the finished ones in time-range partitions of ``jobs_done`` (succeeded
     and cancelled) and ``jobs_failed``, and ``prune`` drops whole partitions
     (see :mod:`sqla_queue.history`).
+    ``none``: the tables of ``plain`` (the same schema: a queue switches between the two
+    without a migration), but the completion deletes a succeeded job's row instead of
+    recording it, unless someone awaits its result or it holds a unique key (see
+    :func:`~sqla_queue.statements.complete_statement`). Failed and cancelled jobs stay.
     """
 
     PLAIN = "plain"
     PARTITIONED = "partitioned"
-    ALL = (PLAIN, PARTITIONED)
+    NONE = "none"
+    ALL = (PLAIN, PARTITIONED, NONE)
 
 
 def check_history(history: object) -> str:

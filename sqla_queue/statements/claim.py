@@ -169,7 +169,15 @@ def claim_statement(
             lease_seconds=lease,
             **extra,
         )
-        .returning(ex.c.id, ex.c.attempt, ex.c.reclaims, ex.c.queue_id, ex.c.task, ex.c.execute_at)
+        .returning(
+            ex.c.id,
+            ex.c.attempt,
+            ex.c.reclaims,
+            ex.c.queue_id,
+            ex.c.task,
+            ex.c.execute_at,
+            ex.c.priority,
+        )
         .cte("claimed")
     )
     next_due = next_due_time(tables, levels)
@@ -183,6 +191,7 @@ def claim_statement(
         jobs.c.payload,
         jobs.c.max_attempts,
         claimed.c.execute_at,
+        claimed.c.priority,
     ]
     # Outer: an execution whose job row was deleted by hand comes back with a NULL
     # payload, and the worker fails it, instead of holding it unseen until reclaimed.

@@ -13,7 +13,9 @@ import uuid
 from typing import TypedDict
 
 from sqlalchemy import (
+    CTE,
     BigInteger,
+    ColumnElement,
     CompoundSelect,
     DateTime,
     Double,
@@ -26,6 +28,7 @@ from sqlalchemy import (
     cast,
     column,
     delete,
+    exists,
     func,
     literal_column,
     null,
@@ -37,7 +40,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 from sqla_queue.logic.outcomes import OutcomeKind
-from sqla_queue.models.tables import QueueTables
+from sqla_queue.models.tables import HistoryLayout, QueueTables
 from sqla_queue.statements._common import (
     CANCELLED,
     DONE,
@@ -89,6 +92,10 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
     * retry: execution back to pending at the retry time, the attempt kept (it counted),
       the error appended to the job's history;
     * reschedule / release: back to pending with the attempt given back.
+
+    On a queue with ``history="none"`` a succeeded job's row is deleted instead of
+    recorded, in the same statement and behind the same fence (see
+    :func:`_erase_succeeded` for the rows it keeps).
     """
     ex = tables.executions
     jobs = tables.jobs
@@ -169,16 +176,18 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
         and_(applied.c.cancel, kind != state_literal(OutcomeKind.SUCCEEDED.value)),
     )
     ends = or_(kind.in_(_kinds(OutcomeKind.final())), cancelled)
+    succeeded = kind == state_literal(OutcomeKind.SUCCEEDED.value)
+    # A running job is queued; named, it keeps a partitioned table's update on the live
+    # partition (the final status then moves the row to its time partition).
+    job_row = and_(jobs.c.id == outcome.c.id, jobs.c.id == applied.c.id, jobs.c.status == QUEUED)
+    recorded_where = [job_row, or_(kind.in_(_kinds(OutcomeKind.recorded())), applied.c.cancel)]
+    if tables.history == HistoryLayout.NONE:
+        # Named here, the deletion is rendered (and run) as the CTE "erased".
+        erased = _erase_succeeded(tables, job_row, succeeded)
+        recorded_where.append(~exists().where(erased.c.id == jobs.c.id))
     recorded = (
         update(jobs)
-        .where(
-            jobs.c.id == outcome.c.id,
-            jobs.c.id == applied.c.id,
-            # A running job is queued; named, it keeps a partitioned table's update on the
-            # live partition (the final status then moves the row to its time partition).
-            jobs.c.status == QUEUED,
-            or_(kind.in_(_kinds(OutcomeKind.recorded())), applied.c.cancel),
-        )
+        .where(*recorded_where)
         .values(
             status=case(
                 (cancelled, CANCELLED),
@@ -212,4 +221,27 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
         select(requeued.c.id),
         select(parked.c.id),
         select(recorded.c.id).where(literal_column("false")),
+    )
+
+
+def _erase_succeeded(
+    tables: QueueTables, job_row: ColumnElement[bool], succeeded: ColumnElement[bool]
+) -> CTE:
+    """``history="none"``: delete the rows of the jobs that succeeded, returning their ids.
+
+    A job whose result someone awaits (``queue.result``) keeps its row, recorded as on a
+    plain history, and so does one with a unique key (its scope may hold the key for a
+    while after the job finished, which only the row can tell). The flags are in this
+    DELETE's own condition, which PostgreSQL checks again on the row's newest version when
+    it had to wait for the row: a waiter that marks the job while this statement waits
+    keeps the row. The update that records the kept ones is then chosen by what this
+    DELETE returned, never by the flags as the snapshot saw them (a row the snapshot saw
+    unawaited but a waiter kept would be neither deleted nor recorded).
+    """
+    jobs = tables.jobs
+    return (
+        delete(jobs)
+        .where(job_row, succeeded, jobs.c.awaited.is_(False), jobs.c.unique_key.is_(None))
+        .returning(jobs.c.id)
+        .cte("erased")
     )

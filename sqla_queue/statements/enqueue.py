@@ -3,6 +3,11 @@
 Both builders read their rows from one JSON parameter through ``jsonb_to_recordset``, so a
 single job and a batch of ten thousand compile to the same cached statement, and a batch
 costs one round trip.
+
+A large batch of plain jobs may take another road (see :mod:`sqla_queue.copying`): its ids
+reserved by :data:`RESERVE_IDS`, its rows written by ``COPY`` into the columns
+:data:`JOBS_COPY_COLUMNS` and :data:`EXECUTIONS_COPY_COLUMNS` (:func:`copy_sql`), and the
+workers woken by :func:`notify_statement`.
 """
 
 from __future__ import annotations
@@ -25,20 +30,31 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    text,
     true,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.sql.selectable import TextualSelect
 
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements._common import ONE, PENDING, RUNNING, WAITING, seconds
 from sqla_queue.statements.keys import started_elsewhere
 
 __all__ = [
+    "COPY_RELEASE",
+    "COPY_ROLLBACK",
+    "COPY_SAVEPOINT",
     "ENQUEUE_ROW_FIELDS",
+    "EXECUTIONS_COPY_COLUMNS",
+    "JOBS_COPY_COLUMNS",
+    "RESERVE_IDS",
     "EnqueueParams",
     "EnqueueRow",
+    "ReserveParams",
+    "copy_sql",
     "enqueue_statement",
     "keyed_rows",
+    "notify_statement",
 ]
 
 
@@ -264,3 +280,68 @@ def keyed_rows(tables: QueueTables, new_jobs: Any) -> Select[Any]:
         state,
         ranked.c.scheduled_at,
     ).select_from(ranked.outerjoin(ahead, ahead.c.queue_id == ranked.c.queue_id))
+
+
+class ReserveParams(TypedDict):
+    """The parameters of :data:`RESERVE_IDS`."""
+
+    #: The jobs table's name as the server resolves it: quoted, schema-qualified if needed.
+    jobs: str
+    #: How many ids to reserve.
+    count: int
+
+
+#: ``count`` new ids from the jobs table's identity sequence, as one text of decimal ids
+#: separated by commas (in no promised order, with gaps where concurrent enqueues took
+#: some), and the transaction's ``now()``. The ids are NULL when the role lacks ``USAGE``
+#: on the sequence (the identity default needs no grant, an explicit ``nextval`` does), so
+#: that the caller can write by the enqueue statement instead. One text, not a row per id:
+#: a hundred thousand rows cost the client more to read than the server to make. The
+#: sequence is looked up once (MATERIALIZED keeps the planner from repeating the lookup on
+#: every row).
+RESERVE_IDS: TextualSelect = (
+    text(
+        "WITH s AS MATERIALIZED ("
+        "SELECT pg_get_serial_sequence(:jobs, 'id')::regclass AS seq) "
+        "SELECT string_agg(nextval(s.seq)::text, ',') AS ids, now() AS now "
+        "FROM s CROSS JOIN generate_series(1, :count) "
+        "WHERE has_sequence_privilege(s.seq, 'USAGE')"
+    )
+    .bindparams(bindparam("jobs", type_=Text), bindparam("count", type_=Integer))
+    .columns(column("ids", Text), column("now", DateTime(timezone=True)))
+)
+
+#: The jobs columns a COPY writes, in its rows' order; the others take their defaults
+#: (``status`` queued, ``created_at`` now(), no attempts, no errors), as in the statement.
+JOBS_COPY_COLUMNS = (
+    "id",
+    "task",
+    "payload",
+    "priority",
+    "max_attempts",
+    "scheduled_at",
+    "about_table",
+    "about_key",
+)
+
+#: The executions columns a COPY writes: every row ``pending`` (no ``queue_id``).
+EXECUTIONS_COPY_COLUMNS = ("id", "task", "priority", "state", "execute_at")
+
+
+#: The savepoint around a COPY enqueue's two COPYs, so that arguments found unstorable
+#: while the rows stream undo them and leave the caller's transaction usable.
+COPY_SAVEPOINT = text("SAVEPOINT sqla_queue_copy")
+#: Undo the COPYs (after a failed one); :data:`COPY_RELEASE` then forgets the savepoint.
+COPY_ROLLBACK = text("ROLLBACK TO SAVEPOINT sqla_queue_copy")
+#: Keep the COPYs (or forget the savepoint after a rollback to it).
+COPY_RELEASE = text("RELEASE SAVEPOINT sqla_queue_copy")
+
+
+def copy_sql(table: str, columns: tuple[str, ...]) -> str:
+    """``COPY table (columns) FROM STDIN`` in text format; ``table`` is quoted already."""
+    return f"COPY {table} ({', '.join(columns)}) FROM STDIN"
+
+
+def notify_statement(tables: QueueTables) -> Select[Any]:
+    """Wake the workers of ``tables`` (at commit), as the enqueue statement does."""
+    return select(func.pg_notify(literal(tables.notify_channel, Text), literal("", Text)))

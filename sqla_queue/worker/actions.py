@@ -29,7 +29,18 @@ if TYPE_CHECKING:
     from sqla_queue.worker.handlers import RunningJob
 
 # Step and Wait are defined by the conversation and are part of this vocabulary too.
-__all__ = ["Action", "Claim", "Flush", "Maintain", "Step", "Stop", "Wait", "Work", "claims"]
+__all__ = [
+    "Action",
+    "Claim",
+    "Flush",
+    "Maintain",
+    "Start",
+    "Step",
+    "Stop",
+    "Wait",
+    "Work",
+    "claims",
+]
 
 
 @dataclass(frozen=True)
@@ -67,7 +78,14 @@ class Stop:
     """Leave the run loop."""
 
 
-Action = Flush | Claim | Maintain | Wait | Stop
+@dataclass(frozen=True)
+class Start:
+    """Start handlers of prefetched jobs, which seats freed for (no I/O)."""
+
+    jobs: Sequence[RunningJob]
+
+
+Action = Flush | Claim | Maintain | Wait | Stop | Start
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from sqla_queue.schema.verify import verify_schema
-from sqla_queue.worker.actions import Claim, Flush, Maintain, Stop, Wait, Work
+from sqla_queue.worker.actions import Claim, Flush, Maintain, Start, Stop, Wait, Work
 from sqla_queue.worker.background import background_engine, capturing_connect_keywords
 from sqla_queue.worker.base import RunStats, WorkerBase, bound_engine
 from sqla_queue.worker.decider import ContextFactory, Decider
-from sqla_queue.worker.executors import HandlerPool
+from sqla_queue.worker.executors import HandlerPool, in_turn, in_turn_async
 from sqla_queue.worker.handlers import HandlerRunner, RunningJob
 from sqla_queue.worker.plan import WorkerPlan
 from sqla_queue.worker.pools import own_pool_engine
@@ -131,6 +131,10 @@ class AsyncWorker(WorkerBase):
                 if isinstance(action, Wait):
                     await _wait(wake, action.seconds)
                     continue
+                if isinstance(action, Start):
+                    for running in action.jobs:
+                        self._dispatch(decider, running, runner, pool)
+                    continue
                 try:
                     if connection is None:
                         # Autocommit, each unit with its own BEGIN (see the sync face).
@@ -209,15 +213,18 @@ class AsyncWorker(WorkerBase):
             work.failed()
             raise
         for running in work.done(results):
-            self._dispatch(running, runner, pool)
+            self._dispatch(decider, running, runner, pool)
 
-    def _dispatch(self, running: RunningJob, runner: HandlerRunner, pool: HandlerPool) -> None:
+    def _dispatch(
+        self, decider: Decider, running: RunningJob, runner: HandlerRunner, pool: HandlerPool
+    ) -> None:
         if running.runtime.is_async:
-            task = asyncio.ensure_future(runner.run_async(running))
+            chain = in_turn_async(runner.run_async, decider.follow_on, running)
+            task = asyncio.ensure_future(chain)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         else:
-            pool.submit(lambda: runner.run_sync(running))
+            pool.submit(lambda: in_turn(runner.run_sync, decider.follow_on, running))
 
 
 async def _execute_raw(

@@ -247,6 +247,9 @@ class WorkerBase:
         lost = bool(getattr(exc, "connection_invalidated", False)) or state.startswith(
             ("57P", "08")
         )
+        # A backend terminated while the connection was being set up: libpq reports it
+        # without a SQLSTATE, in these words (a refused or unknown host reads otherwise).
+        lost = lost or "server closed the connection unexpectedly" in str(exc)
         if not lost or attempt >= VERIFY_ATTEMPTS:
             return None
         log.warning("schema check lost its connection (%s); trying again", exc)

@@ -14,10 +14,10 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue.schema.verify import verify_schema
-from sqla_queue.worker.actions import Claim, Flush, Maintain, Stop, Wait, Work
+from sqla_queue.worker.actions import Claim, Flush, Maintain, Start, Stop, Wait, Work
 from sqla_queue.worker.base import RunStats, WorkerBase, bound_engine
 from sqla_queue.worker.decider import ContextFactory, Decider
-from sqla_queue.worker.executors import HandlerPool, PrivateLoop
+from sqla_queue.worker.executors import HandlerPool, PrivateLoop, in_turn, in_turn_async
 from sqla_queue.worker.handlers import HandlerRunner, RunningJob
 from sqla_queue.worker.plan import WorkerPlan
 from sqla_queue.worker.raw import (
@@ -118,6 +118,10 @@ class Worker(WorkerBase):
                 if isinstance(action, Wait):
                     wake.wait(action.seconds)
                     continue
+                if isinstance(action, Start):
+                    for running in action.jobs:
+                        self._dispatch(decider, running, runner, pool, private_loop)
+                    continue
                 try:
                     if connection is None:
                         # Autocommit: each unit sends its own BEGIN and COMMIT, in the
@@ -166,10 +170,11 @@ class Worker(WorkerBase):
             work.failed()
             raise
         for running in work.done(results):
-            self._dispatch(running, runner, pool, private_loop)
+            self._dispatch(decider, running, runner, pool, private_loop)
 
     @staticmethod
     def _dispatch(
+        decider: Decider,
         running: RunningJob,
         runner: HandlerRunner,
         pool: HandlerPool,
@@ -177,9 +182,9 @@ class Worker(WorkerBase):
     ) -> None:
         if running.runtime.is_async:
             assert private_loop is not None
-            private_loop.submit(runner.run_async(running))
+            private_loop.submit(in_turn_async(runner.run_async, decider.follow_on, running))
         else:
-            pool.submit(lambda: runner.run_sync(running))
+            pool.submit(lambda: in_turn(runner.run_sync, decider.follow_on, running))
 
 
 def _execute_raw(connection: Connection, raw: RawStatements, work: Work) -> list[Sequence[Any]]:

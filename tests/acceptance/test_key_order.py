@@ -152,6 +152,10 @@ class Driver:
                 self.url,
                 "--concurrency",
                 "3",
+                # Every other worker prefetches: a key's next job is claimable only once
+                # its head is done, prefetched or not.
+                "--prefetch",
+                str(3 * (self.started % 2)),
                 "--poll-interval",
                 "0.1",
                 "--shutdown-timeout",

@@ -58,6 +58,10 @@ def test_limit_holds_across_eight_processes(
             task.name,  # type: ignore[attr-defined]
             "--concurrency",
             "4",
+            # Half the workers may prefetch: a limited task's claim must still take no
+            # more than a free seat can start (a held slot would otherwise sit idle).
+            "--prefetch",
+            str(4 * (i % 2)),
             "--poll-interval",
             "0.2",
             log_path=tmp_path / f"w{i}.log",

@@ -63,6 +63,8 @@ def test_no_window_exceeds_the_limit_across_six_processes(
             "record",
             "--concurrency",
             "3",  # 6 processes within the test's connection budget (tests/conftest.py)
+            "--prefetch",  # half of them prefetch: a rated claim still takes free seats only
+            str(3 * (i % 2)),
             "--poll-interval",
             "0.2",
             log_path=tmp_path / f"w{i}.log",

@@ -179,7 +179,7 @@ def test_performance_charts_are_drawn_from_the_committed_figures(tmp_path: Path)
     )
     assert result.returncode == 0, result.stderr
     drawn = sorted(p.name for p in tmp_path.glob("*.svg"))
-    assert drawn == sorted(p.name for p in IMAGES.glob("perf-*.svg"))
+    assert drawn == sorted(p.name for p in IMAGES.glob("perf-vs-*.svg"))
     for name in drawn:
         assert (tmp_path / name).read_text() == (IMAGES / name).read_text(), (
             f"docs/images/{name} is not what bench.charts draws from {report.name}; "

@@ -34,3 +34,15 @@ def test_a_connection_ended_by_the_server_is_tried_again(sqlstate: str) -> None:
 @pytest.mark.parametrize("sqlstate", [None, "42P01", "28000"])
 def test_other_errors_at_start_are_not(sqlstate: str | None) -> None:
     assert WorkerBase._verify_retry_delay(_error(sqlstate), 1) is None
+
+
+def test_a_connection_closed_while_it_was_set_up_is_tried_again() -> None:
+    # libpq's words when a backend is terminated as the connection is made: no SQLSTATE.
+    closed = OperationalError(
+        None,
+        None,
+        Exception("consuming input failed: server closed the connection unexpectedly"),
+    )
+    assert WorkerBase._verify_retry_delay(closed, 1) is not None
+    refused = OperationalError(None, None, Exception("connection refused"))
+    assert WorkerBase._verify_retry_delay(refused, 1) is None

@@ -55,6 +55,10 @@ BUILDERS = {
     "rate_backlog": rate_backlog_statement,
     "controlled_tasks": controlled_tasks_statement,
     "complete": statements.complete_statement,
+    # history="none": a succeeded job's row is deleted (unless awaited or unique-keyed).
+    "complete_no_history": lambda t: statements.complete_statement(
+        build_tables(MetaData(), schema="app", prefix="q_", history="none")
+    ),
     "heartbeat": statements.heartbeat_statement,
     "reclaim": statements.reclaim_statement,
     "promote": statements.promote_statement,

@@ -11,6 +11,7 @@ can drive it with a fake clock and no database. The parts, each in a module of i
 * :class:`KeyPromotion`: the keys whose next waiting job may be due;
 * :class:`OutcomeBuffer`: outcomes waiting for their ack, isolated when refused;
 * :class:`RunningJobs` and :class:`Liveness`: the held executions, for the heartbeat;
+* :class:`Prefetch`: the jobs held ahead of need, handed back or started in a freed seat;
 * :class:`Maintenance`: the periodic reads; :class:`Intake`: the claimed rows;
 * :class:`Shutdown` and :class:`Recovery`: the stop, and what database errors lead to;
 * :class:`WorkerStatements`: every statement, built once.
@@ -31,7 +32,17 @@ from sqla_queue.logic.outcomes import ClaimedJob, Outcome, OutcomeKind, outcomes
 from sqla_queue.statements.claim import LimitedRatedClaimParams
 from sqla_queue.statements.complete import CompleteParams
 from sqla_queue.statements.controls import RateBacklogParams, RateLockParams
-from sqla_queue.worker.actions import Action, Claim, Flush, Maintain, Step, Stop, Wait, Work
+from sqla_queue.worker.actions import (
+    Action,
+    Claim,
+    Flush,
+    Maintain,
+    Start,
+    Step,
+    Stop,
+    Wait,
+    Work,
+)
 from sqla_queue.worker.decider.acks import OutcomeBuffer, tally
 from sqla_queue.worker.decider.intake import ContextFactory, Intake
 from sqla_queue.worker.decider.keys import KeyPromotion
@@ -39,6 +50,7 @@ from sqla_queue.worker.decider.liveness import Liveness
 from sqla_queue.worker.decider.maintenance import Maintenance
 from sqla_queue.worker.decider.pacing import ClaimPacer
 from sqla_queue.worker.decider.prebuilt import WorkerStatements
+from sqla_queue.worker.decider.prefetch import Prefetch
 from sqla_queue.worker.decider.rates import RateSchedule
 from sqla_queue.worker.decider.recovery import Recovery
 from sqla_queue.worker.decider.running import RunningJobs
@@ -133,6 +145,14 @@ class Decider:
         self.shutdown = Shutdown(
             self._lock, self.jobs, settings.shutdown_timeout, self.stop_flag, wake
         )
+        self.prefetch = Prefetch(
+            self._lock,
+            self.jobs,
+            settings.concurrency,
+            pacer=self.pacer,
+            shutdown=self.shutdown,
+            maintenance=self.maintenance,
+        )
         self.recovery = Recovery(
             plan.tables,
             self.worker_id,
@@ -153,6 +173,7 @@ class Decider:
         self.heartbeat_done = self.liveness.heartbeat_done
         self.deliver_cancels = self.liveness.deliver_cancels
         self.controls_read = self.maintenance.controls_read
+        self.follow_on = self.prefetch.follow_on
         #: Parameters of the claim statement for a batch of ``size``.
         self.claim_params = self.pacer.params
 
@@ -170,7 +191,7 @@ class Decider:
     def notified(self) -> None:
         """An enqueue notification arrived: poll at once (a rated task: once its window
         lets a start through)."""
-        self.pacer.next_poll = 0.0
+        self.pacer.pull()
         self.rates.poll_all()
         self._wake()
 
@@ -180,7 +201,9 @@ class Decider:
         """What the run loop should do next."""
         shutdown = self.shutdown
         with self._lock:
+            self._release_running(self.prefetch.hand_back(now))
             running = self.jobs.count()
+            waiting = self.jobs.waiting()
             has_outcomes = bool(self.buffer)
             if shutdown.deadline is not None:
                 if shutdown.give_up:
@@ -193,7 +216,11 @@ class Decider:
                     self._release_running()
                     return Flush()
                 return Stop()
-        free = self.settings.concurrency - running
+            seats = self.prefetch.free_seats()
+            if waiting and seats > 0:
+                return Start(self.jobs.take_waiting(seats))
+        # Held jobs count against the claim: running ones and prefetched ones alike.
+        free = self.pacer.capacity(now) - running
         pacer = self.pacer
         if has_outcomes and self.buffer.isolating:
             return Flush()  # one outcome per statement, nothing else in the unit
@@ -206,9 +233,10 @@ class Decider:
             return Flush()
         if self.maintenance.due(now):
             return Maintain()
-        rated_due = self.rates.due(now) if free > 0 else None
+        # A rated claim takes only what free seats can start: a start it records is used.
+        rated_due = self.rates.due(now) if seats > 0 else None
         if rated_due is not None:
-            return Claim(pacer.size(free), rated=rated_due)
+            return Claim(pacer.size(seats), rated=rated_due)
         if free > 0 and pacer.due(now):
             return Claim(pacer.size(free))
         if self.burst and running == 0 and self._idle():
@@ -378,8 +406,11 @@ class Decider:
                 if isinstance(admitted, Outcome):
                     self._buffer(admitted, job)
                     continue
-                self.jobs.add(admitted)
-            jobs.append(admitted)
+                self.jobs.hold(admitted)
+        with self._lock:
+            # Prefetched jobs beyond the free seats stay held, the most urgent first out.
+            seats = self.prefetch.free_seats()
+            jobs = self.jobs.take_waiting(max(0, seats))
         self.stats["claimed"] += claimed
         if rated is not None:
             self.rates.claimed(rated, rows, claimed, size, next_due, now, due_left)
@@ -399,7 +430,7 @@ class Decider:
         if running.job.queue_id is not None or self.pacer.is_limited(running.job.task):
             # The flush that comes first frees this key or this seat: the next job of the
             # key, or of the limited task, may be claimable right after it.
-            self.pacer.next_poll = 0.0
+            self.pacer.pull()
         self._wake()
 
     def settled(self, running: RunningJob, outcome: Outcome, applied: bool) -> None:
@@ -420,12 +451,13 @@ class Decider:
             if running.job.queue_id is not None and applied:
                 self.keys.add(running.job.queue_id)
         self.completed([outcome], [running.job.id] if applied else [])
-        self.pacer.next_poll = 0.0
+        self.pacer.pull()
         self._wake()
 
-    def _release_running(self) -> None:
-        """Hand every running job back at the shutdown timeout (the caller holds the lock)."""
-        for running in self.jobs.release_all():
+    def _release_running(self, jobs: list[RunningJob] | None = None) -> None:
+        """Hand every running job (or ``jobs``) back at the shutdown timeout (the caller
+        holds the lock)."""
+        for running in self.jobs.release_all() if jobs is None else jobs:
             self._buffer(
                 Outcome(running.job.id, running.job.attempt, OutcomeKind.RELEASE), running.job
             )

@@ -57,6 +57,7 @@ class Intake:
             queue_id=row.queue_id,
             payload=row.payload,
             execute_at=getattr(row, "execute_at", None),
+            priority=getattr(row, "priority", None) or 0,
         )
 
     def accept(self, job: ClaimedJob, make_context: ContextFactory) -> RunningJob | Outcome:

@@ -52,6 +52,8 @@ class ClaimPacer:
     ) -> None:
         self._poll_interval = settings.poll_interval
         self._batch = settings.claim_batch
+        self._seats = settings.concurrency
+        self._prefetch = settings.prefetch
         self._rng = rng
         self._burst = burst
         self.declared_limits = plan.declared_limits
@@ -74,6 +76,12 @@ class ClaimPacer:
         self.next_poll = 0.0
         #: The last plain claim found nothing (a burst run may stop on it).
         self.last_empty = False
+        #: No prefetch before this time (monotonic): held jobs went back unstarted, and
+        #: claiming them again at once would hold them (and their keys) again.
+        self.prefetch_after = 0.0
+        # Pulls so far, and as the claim in flight began: see pull() and claimed().
+        self._pulls = 0
+        self._pulls_at_claim = 0
 
     @property
     def tasks(self) -> list[str]:
@@ -87,9 +95,29 @@ class ClaimPacer:
             self.next_poll = 0.0
             self.last_empty = False
 
+    def pull(self) -> None:
+        """Claim at once: a job may have become claimable (an enqueue's notification, a
+        finished job that frees a key or a seat). Any thread may call it.
+
+        A pull that lands while a claim is in flight is not lost when that claim comes
+        back short: its snapshot may predate the job that the pull announced, so the
+        next claim still runs at once (see :meth:`claimed`). Two threads that pull at the
+        same instant may count one pull between them; a pull still changes the count.
+        """
+        self._pulls += 1
+        self.next_poll = 0.0
+
     def due(self, now: float) -> bool:
         """Whether the plain claim should run at ``now`` (given a free seat)."""
         return now >= self.next_poll and bool(self._params["tasks"])
+
+    def capacity(self, now: float) -> int:
+        """Jobs the worker may hold: its seats, plus the prefetch unless a served task has
+        a concurrency limit (a prefetched job would hold one of its slots idle) or
+        prefetched jobs went back lately for want of a seat (:attr:`prefetch_after`)."""
+        if self.limited or now < self.prefetch_after:
+            return self._seats
+        return self._seats + self._prefetch
 
     def size(self, free: int) -> int:
         """How many jobs to claim with ``free`` seats: at most a batch."""
@@ -110,6 +138,7 @@ class ClaimPacer:
         The plain claim reads a subset of them; the limited one reads them all. The seat
         offset comes from the injected generator, a fresh one per claim.
         """
+        self._pulls_at_claim = self._pulls
         params = self._params.copy()
         params["batch"] = size
         params["seat_offset"] = self._rng.randrange(1 << 30)
@@ -124,10 +153,11 @@ class ClaimPacer:
         clock: Callable[[], dt.datetime],
     ) -> None:
         """Time the next plain claim from what this one returned."""
-        self.last_empty = claimed == 0
-        if claimed >= size or (self._burst and claimed > 0):
-            # A full batch means more is likely waiting; a burst run must see one empty
-            # claim before it may stop.
+        pulled = self._pulls != self._pulls_at_claim
+        self.last_empty = claimed == 0 and not pulled
+        if claimed >= size or pulled or (self._burst and claimed > 0):
+            # A full batch means more is likely waiting; so does a pull made while this
+            # claim ran. A burst run must see one empty claim before it may stop.
             self.next_poll = now
         else:
             self.next_poll = now + poll_wait(self._poll_interval, next_due, clock)
