@@ -164,13 +164,20 @@ class HandlerRunner:
         applied: bool | None = None
         began = self._started(running)
         try:
+            # A prefetched job cancelled while it was held for a seat never starts.
+            held_back = running.cancel_requested
             try:
-                value = running.runtime.handler(*self.call_arguments(running), **running.kwargs)
+                if not held_back:
+                    value = running.runtime.handler(*self.call_arguments(running), **running.kwargs)
             except BaseException as exc:  # SystemExit too: recorded, then a graceful stop
                 raised = exc
                 outcome = self.outcome_of_error(running, exc)
             else:
-                outcome = self.outcome_of_return(running, value)
+                outcome = (
+                    Outcome(running.job.id, running.job.attempt, OutcomeKind.CANCELLED)
+                    if held_back
+                    else self.outcome_of_return(running, value)
+                )
             outcome = self._cancelled_or(running, outcome)
             if self._commits_with_handler(running, outcome, raised):
                 settled = self._complete_in_session_sync(running, outcome)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 import pytest
 from sqlalchemy import MetaData
@@ -42,11 +43,12 @@ def _defaults(name: str) -> TaskDefaults:
 
 
 def test_the_statements() -> None:
-    reserve = str(RESERVE_IDS.compile(dialect=DIALECT))
-    assert "pg_get_serial_sequence(%(jobs)s::VARCHAR, 'id')::regclass" in reserve
+    # SQLAlchemy 2.0 renders the bound parameters without the casts that 2.1 adds.
+    reserve = re.sub(r"::(VARCHAR|INTEGER)\b", "", str(RESERVE_IDS.compile(dialect=DIALECT)))
+    assert "pg_get_serial_sequence(%(jobs)s, 'id')::regclass" in reserve
     assert "string_agg(nextval(s.seq)::text, ',')" in reserve
     assert "has_sequence_privilege(s.seq, 'USAGE')" in reserve
-    assert "generate_series(1, %(count)s::INTEGER)" in reserve
+    assert "generate_series(1, %(count)s)" in reserve
     assert copy_sql('"a b"."x"', JOBS_COPY_COLUMNS) == (
         'COPY "a b"."x" (id, task, payload, priority, max_attempts, scheduled_at, '
         "about_table, about_key) FROM STDIN"

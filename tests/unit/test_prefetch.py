@@ -180,3 +180,34 @@ def test_held_jobs_of_a_task_paused_since_their_claim_go_back(queue: WorkerPlan)
     outcomes, _ = core.take_outcomes()
     assert [(o.job_id, o.kind) for o in outcomes] == [(2, OutcomeKind.RELEASE)]
     assert core.jobs.waiting() == 1
+
+
+def test_a_held_job_cancelled_before_its_seat_frees_never_runs(queue: WorkerPlan) -> None:
+    import dataclasses
+
+    from sqla_queue.worker.handlers import HandlerRunner
+
+    calls: list[int] = []
+    tasks = {
+        "a": dataclasses.replace(queue.tasks["a"], handler=lambda x=0: calls.append(x)),
+    }
+    plan = WorkerPlan(
+        tables=queue.tables, notify=True, default_lease=queue.default_lease, tasks=tasks
+    )
+    core = Decider(plan, WorkerSettings(concurrency=1, prefetch=1))
+    core.next_action(0.0)
+    first = core.accept_claim([row(1), row(2)], 2, 0.0, lambda job: None)[0]
+    held = core.jobs.get(2)
+    assert held is not None
+    held.request_cancel()  # an operator's cancel, delivered by the heartbeat
+    runner = HandlerRunner(worker_id=core.worker_id, clock=core.clock, record=core.record)
+    runner.run_sync(first)
+    follower = core.follow_on(first)
+    assert follower is held
+    runner.run_sync(follower)
+    assert calls == [0]  # the first job ran; the cancelled one did not
+    outcomes, _ = core.take_outcomes()
+    assert [(o.job_id, o.kind) for o in outcomes] == [
+        (1, OutcomeKind.SUCCEEDED),
+        (2, OutcomeKind.CANCELLED),
+    ]
