@@ -60,11 +60,10 @@ from sqla_queue._binds import AnyBind, options_of
 from sqla_queue.conversation import DriverStep, Flow
 from sqla_queue.errors import PayloadNotSerializableError
 from sqla_queue.logic.payload import (
-    check_storable,
+    check_keywords_storable,
+    dump_payloads,
     encode_json,
     make_payload,
-    shape_suspect,
-    text_suspect,
 )
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.spec import JobSpec
@@ -275,9 +274,7 @@ class CopyRows:
         specs = self._specs[part.start : part.stop]
         payloads: list[dict[str, Any]] = []
         for spec in specs:
-            for key in spec.kwargs:
-                if not isinstance(key, str):
-                    check_storable(make_payload(spec.args, spec.kwargs), task=spec.task)
+            check_keywords_storable(spec.task, spec.args, spec.kwargs)
             payloads.append(make_payload(spec.args, spec.kwargs, task=spec.task))
         texts = _encode_payloads(payloads, specs)
         heads, mids, tails = self._heads, self._mids, self._tails
@@ -324,19 +321,12 @@ def _encode_payloads(payloads: list[dict[str, Any]], specs: Sequence[JobSpec]) -
     count = len(payloads)
     marked: list[Any] = [_MARK] * (2 * count - 1)
     marked[::2] = payloads
-    try:
-        text = encode_json(marked)
-    except (TypeError, ValueError, RecursionError) as exc:
-        # Slow path, only on failure: find the payload to blame by name.
-        for index, payload in enumerate(payloads):
-            check_storable(payload, task=specs[index].task)
-        raise PayloadNotSerializableError(
-            f"cannot enqueue: a job's arguments are not JSON-serializable ({exc})"
-        ) from exc
-    strings = text_suspect(text)
-    if strings or shape_suspect(text, objects=2 * count, arrays=count + 1, depth=2):
-        for index, payload in enumerate(payloads):
-            check_storable(payload, task=specs[index].task, strings=strings)
+    text = dump_payloads(
+        marked,
+        lambda: zip(payloads, (spec.task for spec in specs), strict=True),
+        objects=2 * count,
+        arrays=count + 1,
+    )
     # The encoder writes ASCII with every control character escaped: of COPY's special
     # characters only the backslash can occur, and the mark's own escapes have one.
     text = text.replace("\\", "\\\\")

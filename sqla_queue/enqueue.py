@@ -40,13 +40,10 @@ from sqla_queue.copying import (
     copy_usable,
     copy_wanted,
 )
-from sqla_queue.errors import PayloadNotSerializableError
 from sqla_queue.logic.payload import (
-    check_storable,
-    encode_json,
+    check_keywords_storable,
+    dump_payloads,
     make_payload,
-    shape_suspect,
-    text_suspect,
 )
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.spec import (
@@ -119,20 +116,8 @@ def by_name(
 
 
 def _row(spec: JobSpec, defaults: TaskDefaults, seq: int) -> EnqueueRow:
-    _check_keys(spec.task, spec.args, spec.kwargs)
+    check_keywords_storable(spec.task, spec.args, spec.kwargs)
     return _fields(spec.task, spec.args, spec.kwargs, spec.options, defaults, seq)
-
-
-def _check_keys(task: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-    """Refuse a keyword that is not a string (in a JobSpec's or a by-name call's mapping).
-
-    The encoder would silently turn it into one, and the encoded text cannot show it
-    (``kwargs`` is one of the row's own objects, see :func:`_dump_chunk`). The keys of
-    ``**kwargs`` are always strings, so ``Task.enqueue`` needs no such check.
-    """
-    for key in kwargs:
-        if not isinstance(key, str):
-            check_storable(make_payload(args, kwargs), task=task)
 
 
 def _fields(
@@ -212,21 +197,13 @@ def _dump_chunk(rows: list[EnqueueRow]) -> str:
     suspect text costs a walk of the payloads (of their strings only if the text holds a
     NUL or a lone surrogate).
     """
-    try:
-        text = encode_json(rows)
-    except (TypeError, ValueError, RecursionError) as exc:
-        # Slow path, only on failure: find the row to blame by name.
-        for row in rows:
-            check_storable(row["payload"], task=row["task"])
-        raise PayloadNotSerializableError(
-            f"cannot enqueue: a job's arguments are not JSON-serializable ({exc})"
-        ) from exc
     count = len(rows)
-    strings = text_suspect(text)
-    if strings or shape_suspect(text, objects=3 * count, arrays=count + 1, depth=2):
-        for row in rows:
-            check_storable(row["payload"], task=row["task"], strings=strings)
-    return text
+    return dump_payloads(
+        rows,
+        lambda: ((row["payload"], row["task"]) for row in rows),
+        objects=3 * count,
+        arrays=count + 1,
+    )
 
 
 class EnqueueStatements:
@@ -367,7 +344,7 @@ class Enqueuer:
 
     def enqueue_spec(self, session: AnyBind, spec: JobSpec) -> int | Coroutine[Any, Any, int]:
         """Enqueue one call; the id, or a coroutine of it for async sessions."""
-        _check_keys(spec.task, spec.args, spec.kwargs)
+        check_keywords_storable(spec.task, spec.args, spec.kwargs)
         return self.enqueue_call(session, spec.task, spec.args, spec.kwargs, spec.options)
 
     def enqueue_specs(

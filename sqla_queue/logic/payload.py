@@ -32,7 +32,7 @@ import logging
 import math
 import re
 import reprlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from sqla_queue.errors import PayloadNotSerializableError
@@ -42,9 +42,11 @@ __all__ = [
     "PayloadHook",
     "Unstorable",
     "add_payload_hook",
+    "check_keywords_storable",
     "check_storable",
     "decode_arguments",
     "dump_json",
+    "dump_payloads",
     "encode_arguments",
     "encode_json",
     "find_unstorable",
@@ -381,6 +383,50 @@ def dump_json(value: Any, *, task: str, what: str = "arguments") -> str:
     if strings or shape_suspect(text):
         check_storable(value, task=task, what=what, strings=strings)
     return text
+
+
+def dump_payloads(
+    value: Any,
+    payloads: Callable[[], Iterable[tuple[Any, str]]],
+    *,
+    objects: int,
+    arrays: int,
+) -> str:
+    """The JSON text of ``value``, a structure around many jobs' payloads, or
+    :class:`PayloadNotSerializableError` naming the task of the first unstorable one.
+
+    ``payloads()`` yields each ``(payload, task)``; it is walked only when the encoder
+    fails or the text is suspect. ``objects`` and ``arrays`` are those of the structure
+    around the payloads (the enclosing array, each row's own objects), which the text's
+    scans discount (see :func:`shape_suspect`; the payloads sit at depth 2).
+    """
+    try:
+        text = _encode(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        # Slow path, only on failure: find the payload to blame by its task.
+        for payload, task in payloads():
+            check_storable(payload, task=task)
+        raise PayloadNotSerializableError(
+            f"cannot enqueue: a job's arguments are not JSON-serializable ({exc})"
+        ) from exc
+    strings = text_suspect(text)
+    if strings or shape_suspect(text, objects=objects, arrays=arrays, depth=2):
+        for payload, task in payloads():
+            check_storable(payload, task=task, strings=strings)
+    return text
+
+
+def check_keywords_storable(task: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Refuse a keyword that is not a string (in a JobSpec's or a by-name call's mapping).
+
+    The encoder would silently turn it into one, and the encoded text cannot show it
+    (``kwargs`` is one of the row's own objects, discounted by :func:`dump_payloads`'
+    scans). The keys of ``**kwargs`` are always strings, so ``Task.enqueue`` needs no
+    such check.
+    """
+    for key in kwargs:
+        if not isinstance(key, str):
+            check_storable(make_payload(args, kwargs), task=task)
 
 
 def encode_arguments(task: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
