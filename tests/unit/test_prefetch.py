@@ -167,8 +167,8 @@ def test_held_jobs_go_back_after_a_second_without_a_seat(queue: WorkerPlan) -> N
         (2, OutcomeKind.RELEASE),
         (3, OutcomeKind.RELEASE),
     ]
-    assert core.pacer.capacity(later) == 1  # no prefetch right after a hand-back
-    assert core.pacer.capacity(later + 1.5) == 3
+    assert core.prefetch.capacity(later) == 1  # no prefetch right after a hand-back
+    assert core.prefetch.capacity(later + 1.5) == 3
 
 
 def test_held_jobs_of_a_task_paused_since_their_claim_go_back(queue: WorkerPlan) -> None:

@@ -149,6 +149,7 @@ class Decider:
             self._lock,
             self.jobs,
             settings.concurrency,
+            settings.prefetch,
             pacer=self.pacer,
             shutdown=self.shutdown,
             maintenance=self.maintenance,
@@ -220,7 +221,7 @@ class Decider:
             if waiting and seats > 0:
                 return Start(self.jobs.take_waiting(seats))
         # Held jobs count against the claim: running ones and prefetched ones alike.
-        free = self.pacer.capacity(now) - running
+        free = self.prefetch.capacity(now) - running
         pacer = self.pacer
         if has_outcomes and self.buffer.isolating:
             return Flush()  # one outcome per statement, nothing else in the unit

@@ -52,8 +52,6 @@ class ClaimPacer:
     ) -> None:
         self._poll_interval = settings.poll_interval
         self._batch = settings.claim_batch
-        self._seats = settings.concurrency
-        self._prefetch = settings.prefetch
         self._rng = rng
         self._burst = burst
         self.declared_limits = plan.declared_limits
@@ -76,9 +74,6 @@ class ClaimPacer:
         self.next_poll = 0.0
         #: The last plain claim found nothing (a burst run may stop on it).
         self.last_empty = False
-        #: No prefetch before this time (monotonic): held jobs went back unstarted, and
-        #: claiming them again at once would hold them (and their keys) again.
-        self.prefetch_after = 0.0
         # Pulls so far, and as the claim in flight began: see pull() and claimed().
         self._pulls = 0
         self._pulls_at_claim = 0
@@ -110,14 +105,6 @@ class ClaimPacer:
     def due(self, now: float) -> bool:
         """Whether the plain claim should run at ``now`` (given a free seat)."""
         return now >= self.next_poll and bool(self._params["tasks"])
-
-    def capacity(self, now: float) -> int:
-        """Jobs the worker may hold: its seats, plus the prefetch unless a served task has
-        a concurrency limit (a prefetched job would hold one of its slots idle) or
-        prefetched jobs went back lately for want of a seat (:attr:`prefetch_after`)."""
-        if self.limited or now < self.prefetch_after:
-            return self._seats
-        return self._seats + self._prefetch
 
     def size(self, free: int) -> int:
         """How many jobs to claim with ``free`` seats: at most a batch."""

@@ -27,6 +27,7 @@ class Prefetch:
         lock: threading.Lock,
         jobs: RunningJobs,
         seats: int,
+        prefetch: int,
         *,
         pacer: ClaimPacer,
         shutdown: Shutdown,
@@ -35,9 +36,21 @@ class Prefetch:
         self._lock = lock
         self._jobs = jobs
         self._seats = seats
+        self._prefetch = prefetch
+        # No prefetch before this time (monotonic): held jobs went back unstarted, and
+        # claiming them again at once would hold them (and their keys) again.
+        self._prefetch_after = 0.0
         self._pacer = pacer
         self._shutdown = shutdown
         self._maintenance = maintenance
+
+    def capacity(self, now: float) -> int:
+        """Jobs the worker may hold: its seats, plus the prefetch unless a served task has
+        a concurrency limit (a prefetched job would hold one of its slots idle) or
+        prefetched jobs went back lately for want of a seat (see :meth:`hand_back`)."""
+        if self._pacer.limited or now < self._prefetch_after:
+            return self._seats
+        return self._seats + self._prefetch
 
     def free_seats(self) -> int:
         """Seats no started handler takes (the caller holds the lock)."""
@@ -56,7 +69,7 @@ class Prefetch:
             None if stop else now - PREFETCH_HOLD, self._maintenance.paused
         )
         if back:
-            self._pacer.prefetch_after = now + PREFETCH_HOLD
+            self._prefetch_after = now + PREFETCH_HOLD
         return back
 
     def follow_on(self, finished: RunningJob) -> RunningJob | None:
