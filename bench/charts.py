@@ -22,7 +22,15 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Bar", "Chart", "headline_charts", "main", "render_svg", "write_charts"]
+__all__ = [
+    "Bar",
+    "Chart",
+    "chart_command",
+    "headline_charts",
+    "main",
+    "render_svg",
+    "write_charts",
+]
 
 #: The drain cell of the headline: 2 worker processes, batch 10.
 HEADLINE_CELL = "W2/b10"
@@ -282,25 +290,41 @@ def write_charts(report_path: Path, out_dir: Path) -> list[Path]:
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line: the report to read and the directory to write the SVGs into."""
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.charts",
-        description="Draw the headline ratios of a `python -m bench.run --json` report as SVG.",
-    )
-    parser.add_argument("report", type=Path, help="the JSON written by bench.run --json")
+def chart_command(
+    argv: list[str] | None,
+    *,
+    module: str,
+    description: str,
+    report_help: str,
+    write: Callable[[Path, Path], list[Path]],
+) -> int:
+    """The command line of a chart module: read the report, ``write`` its SVGs into
+    ``--out``, print their paths; exit 1 with one line on stderr if that fails."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
+    parser.add_argument("report", type=Path, help=report_help)
     parser.add_argument(
         "--out", type=Path, default=Path("docs/images"), help="directory (default docs/images)"
     )
     args = parser.parse_args(argv)
     try:
-        written = write_charts(args.report, args.out)
+        written = write(args.report, args.out)
     except (OSError, ValueError) as error:
-        print(f"bench.charts: {error}", file=sys.stderr)
+        print(f"{module}: {error}", file=sys.stderr)
         return 1
     for path in written:
         print(path)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line: the report to read and the directory to write the SVGs into."""
+    return chart_command(
+        argv,
+        module="bench.charts",
+        description="Draw the headline ratios of a `python -m bench.run --json` report as SVG.",
+        report_help="the JSON written by bench.run --json",
+        write=write_charts,
+    )
 
 
 if __name__ == "__main__":

@@ -22,17 +22,16 @@ be checked against their data (``tests/docs/test_contender_charts_images.py``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 from typing import Any
 
-from bench.charts import FASTER, SLOWER, WIDTH
+from bench.charts import FASTER, SLOWER, WIDTH, chart_command
 from bench.drain import LABELS
 from bench.sustained import SYSTEMS as SUSTAINED_SYSTEMS
 
@@ -358,14 +357,23 @@ def _legend(parts: list[str], y: float, entries: Sequence[tuple[str, str]]) -> N
         x += 24 + 6.5 * len(text)
 
 
+def _linear_frame(
+    title: str, maximum: float, rows: int, tick: Callable[[float], str] = _tick_text
+) -> tuple[list[str], float, float]:
+    """A chart with a linear axis up to ``maximum`` over ``rows`` rows: its opening parts
+    (title and gridlines), its scale (pixels per unit) and the plot's bottom."""
+    end, ticks = _linear_axis(maximum)
+    scale = (PLOT_RIGHT - PLOT_LEFT) / end
+    bottom = TOP + ROW * rows
+    parts = _open(title, bottom + 50)
+    _gridlines(parts, ((PLOT_LEFT + t * scale, tick(t)) for t in ticks), TOP, bottom)
+    return parts, scale, bottom
+
+
 def render_drain(bars: Sequence[DrainBar]) -> str:
     """Jobs/s per system, a bar to the median and a whisker from min to max."""
     title = "Drain by contender: jobs/s, 2 workers, batch 10, cold start"
-    end, ticks = _linear_axis(max(bar.high for bar in bars))
-    scale = (PLOT_RIGHT - PLOT_LEFT) / end
-    bottom = TOP + ROW * len(bars)
-    parts = _open(title, bottom + 50)
-    _gridlines(parts, ((PLOT_LEFT + t * scale, _tick_text(t)) for t in ticks), TOP, bottom)
+    parts, scale, bottom = _linear_frame(title, max(bar.high for bar in bars), len(bars))
     for row, bar in enumerate(bars):
         top = TOP + row * ROW
         middle = top + ROW / 2
@@ -392,11 +400,7 @@ def render_drain(bars: Sequence[DrainBar]) -> str:
 def render_cpu(bars: Sequence[CpuBar]) -> str:
     """Worker and server CPU microseconds per job, stacked, lowest total first."""
     title = "CPU per job in the drain: worker processes + PostgreSQL server, µs"
-    end, ticks = _linear_axis(max(bar.total_us for bar in bars))
-    scale = (PLOT_RIGHT - PLOT_LEFT) / end
-    bottom = TOP + ROW * len(bars)
-    parts = _open(title, bottom + 50)
-    _gridlines(parts, ((PLOT_LEFT + t * scale, _tick_text(t)) for t in ticks), TOP, bottom)
+    parts, scale, bottom = _linear_frame(title, max(bar.total_us for bar in bars), len(bars))
     for row, bar in enumerate(bars):
         top = TOP + row * ROW
         middle = top + ROW / 2
@@ -509,11 +513,9 @@ def render_shapes(rows: Sequence[ShapeRow]) -> str:
     """Burst and hot-key drains as a fraction of the plain drain, with the aim drawn."""
     title = "Backlog shapes: drain rate as a fraction of the plain drain (aim 0.85 or more)"
     values = [v for row in rows for v in (row.burst, row.hot) if v is not None]
-    end, ticks = _linear_axis(max([1.2, *values]))
-    scale = (PLOT_RIGHT - PLOT_LEFT) / end
-    bottom = TOP + ROW * 2 * len(rows)
-    parts = _open(title, bottom + 50)
-    _gridlines(parts, ((PLOT_LEFT + t * scale, f"{t:g}x") for t in ticks), TOP, bottom)
+    parts, scale, bottom = _linear_frame(
+        title, max([1.2, *values]), 2 * len(rows), lambda t: f"{t:g}x"
+    )
     for index, row in enumerate(rows):
         top = TOP + index * 2 * ROW
         _label(parts, top + ROW + 4, row.label, bold=_ours(row.system))
@@ -588,23 +590,13 @@ def write_contender_charts(report_path: Path, out_dir: Path, log: Any = print) -
 
 def main(argv: list[str] | None = None) -> int:
     """The command line: the report to read and the directory to write the SVGs into."""
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.contender_charts",
+    return chart_command(
+        argv,
+        module="bench.contender_charts",
         description="Draw the drain, CPU, sustained-load and backlog-shape charts as SVG.",
+        report_help="JSON of bench.run --json or bench.sustained",
+        write=write_contender_charts,
     )
-    parser.add_argument("report", type=Path, help="JSON of bench.run --json or bench.sustained")
-    parser.add_argument(
-        "--out", type=Path, default=Path("docs/images"), help="directory (default docs/images)"
-    )
-    args = parser.parse_args(argv)
-    try:
-        written = write_contender_charts(args.report, args.out)
-    except (OSError, ValueError) as error:
-        print(f"bench.contender_charts: {error}", file=sys.stderr)
-        return 1
-    for path in written:
-        print(path)
-    return 0
 
 
 if __name__ == "__main__":
