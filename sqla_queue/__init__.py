@@ -27,6 +27,7 @@ from sqla_queue.errors import (
     TaskAlreadyRegisteredError,
     UnknownTaskError,
     WorkerStoppedError,
+    WorkflowNotFoundError,
 )
 from sqla_queue.logic.backoff import RetryPolicy
 from sqla_queue.logic.outcomes import Reschedule, Retry
@@ -38,6 +39,14 @@ from sqla_queue.statements.lifecycle import CancelOutcome
 from sqla_queue.status import QueueStatus, TaskStatus, WorkerStatus
 from sqla_queue.task import Task
 from sqla_queue.worker import AsyncWorker, JobContext, RunStats, Worker, WorkerSettings
+from sqla_queue.workflows import (
+    NodeStatus,
+    ParentError,
+    Workflow,
+    WorkflowHandle,
+    WorkflowStatus,
+    quorum,
+)
 
 
 def _version() -> str:
@@ -73,6 +82,8 @@ __all__ = [
     "JobNotFoundError",
     "JobSpec",
     "JobStatus",
+    "NodeStatus",
+    "ParentError",
     "PayloadNotSerializableError",
     "Queue",
     "QueueFull",
@@ -97,5 +108,10 @@ __all__ = [
     "WorkerSettings",
     "WorkerStatus",
     "WorkerStoppedError",
+    "Workflow",
+    "WorkflowHandle",
+    "WorkflowNotFoundError",
+    "WorkflowStatus",
     "__version__",
+    "quorum",
 ]

@@ -41,7 +41,7 @@ from sqla_queue.checks import (
 from sqla_queue.conversation import Flow, run_flow
 from sqla_queue.errors import InsufficientPrivilegeError
 from sqla_queue.logic.payload import encode_json
-from sqla_queue.models.tables import QueueTables
+from sqla_queue.models.tables import NodeState, QueueTables
 from sqla_queue.schema.manifest import ADMIN_LIMIT_PRIVILEGES, RequiredPrivilege
 from sqla_queue.schema.verify import GRANTS_GUIDE, grant_statements
 from sqla_queue.statements.admin import (
@@ -66,6 +66,7 @@ from sqla_queue.statements.unique import (
     bind_keys_statement,
     take_keys_statement,
 )
+from sqla_queue.statements.workflow_admin import lock_workflows_of_statement, resume_statement
 
 __all__ = [
     "FailedJob",
@@ -245,9 +246,18 @@ def _requeue_flow(tables: QueueTables, ids: list[int]) -> Flow[RequeueReport]:
         leader = claimants[(row.task, row.unique_key)]
         if row.id != leader:
             held[row.id] = (row.unique_key, held.get(leader, (row.unique_key, leader))[1])
-    free: RequeueParams = {"ids": [job_id for job_id in ids if job_id not in held]}
+    # A workflow's node is requeued only if it ran, and not in a cancelled workflow; its
+    # workflow's row stays locked until the requeue commits (see resume_statement).
+    nodes = yield lock_workflows_of_statement(tables), asked
+    refused = {row.job_id for row in nodes if row.cancelled or row.state != NodeState.RELEASED}
+    free: RequeueParams = {
+        "ids": [job_id for job_id in ids if job_id not in held and job_id not in refused]
+    }
     requeued = [int(row[0]) for row in (yield requeue_statement(tables), free)]
     back = set(requeued)
+    resumed: RequeueParams = {"ids": [row.job_id for row in nodes if row.job_id in back]}
+    if resumed["ids"]:
+        yield resume_statement(tables), resumed
     # Bound without a scope: each key keeps the one it was last taken with.
     bindings = [
         {"task": task, "key": key, "job_id": job_id, "scope": None, "hold_seconds": None}

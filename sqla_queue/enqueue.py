@@ -70,6 +70,7 @@ __all__ = [
     "TaskDefaults",
     "by_name",
     "encode_one",
+    "job_row",
     "prepare_rows",
 ]
 
@@ -115,7 +116,9 @@ def by_name(
     return JobSpec(task, tuple(args), dict(kwargs or {}), make_enqueue_options(**options))
 
 
-def _row(spec: JobSpec, defaults: TaskDefaults, seq: int) -> EnqueueRow:
+def job_row(spec: JobSpec, defaults: TaskDefaults, seq: int) -> EnqueueRow:
+    """The enqueue row of ``spec`` at ``seq``: its payload made and its keywords checked
+    (the JSON of the payload is checked when the rows are dumped)."""
     check_keywords_storable(spec.task, spec.args, spec.kwargs)
     return _fields(spec.task, spec.args, spec.kwargs, spec.options, defaults, seq)
 
@@ -162,7 +165,7 @@ def prepare_rows(
     chunks: list[str] = []
     batch: list[EnqueueRow] = []
     for seq, spec in enumerate(specs):
-        batch.append(_row(spec, defaults_for(spec.task), seq))
+        batch.append(job_row(spec, defaults_for(spec.task), seq))
         if len(batch) >= chunk_size:
             chunks.append(_dump_chunk(batch))
             batch = []
@@ -265,6 +268,10 @@ class Enqueuer:
     of a task's :class:`TaskDefaults` (which also checks the name). Nothing here commits:
     every write joins the caller's transaction.
     """
+
+    #: The queue's :class:`~sqla_queue.workflows.WorkflowWriter`, set by the registry that
+    #: makes this enqueuer (this module cannot import it: workflows build on enqueues).
+    workflows: Any = None
 
     def __init__(self, tables: QueueTables, *, notify: bool, defaults: DefaultsLookup) -> None:
         self.tables = tables

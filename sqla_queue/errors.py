@@ -97,6 +97,14 @@ class JobNotFoundError(SqlaQueueError, LookupError):
         self.job_id = job_id
 
 
+class WorkflowNotFoundError(SqlaQueueError, LookupError):
+    """No workflow has this id in this queue."""
+
+    def __init__(self, message: str, *, workflow_id: int) -> None:
+        super().__init__(message)
+        self.workflow_id = workflow_id
+
+
 class JobFailedError(SqlaQueueError, RuntimeError):
     """The awaited job failed for good; ``error`` is its last error entry.
 

@@ -49,14 +49,14 @@ from sqla_queue.models.tables import HistoryLayout, JobStatus, QueueTables
 from sqla_queue.statements.lifecycle import (
     UNLISTEN_ALL,
     CancelOutcome,
-    CancelParams,
     JobParams,
     await_statement,
     cancel_lock_timeout_sql,
-    cancel_statement,
     job_outcome_statement,
     listen_sql,
 )
+from sqla_queue.workflows.admin import cancel_jobs_flow
+from sqla_queue.workflows.advance import ReleaseStatements
 
 __all__ = [
     "CancelOutcome",
@@ -88,7 +88,7 @@ LISTEN_POLL = 5.0
 POLL_FIRST, POLL_MAX = 0.05, 1.0
 
 
-def cancel(source: Any, tables: QueueTables, job_ids: Iterable[int]) -> Any:
+def cancel(source: Any, tables: QueueTables, job_ids: Iterable[int], *, notify: bool = True) -> Any:
     """Cancel ``job_ids`` in a short transaction of its own; ``{id: CancelOutcome value}``.
 
     ``source`` is what :func:`wait_for` takes (a connection of its engine is opened, with
@@ -108,21 +108,21 @@ def cancel(source: Any, tables: QueueTables, job_ids: Iterable[int]) -> Any:
     """
     ids = check_job_ids(job_ids)
     if is_async_source(source):
-        return _cancel_async(source, tables, ids)
+        return _cancel_async(source, tables, ids, notify)
     if not ids:
         check_source(source, "queue.cancel")  # a wrong source raises, ids or not
         return {}
     try:
         with own_connection(source, "queue.cancel") as connection, connection.begin():
             connection.exec_driver_sql(cancel_lock_timeout_sql(CANCEL_LOCK_TIMEOUT))
-            statement = cancel_statement(tables_for(tables, connection))
-            rows = connection.execute(statement, _params(ids)).all()
+            return drive(connection, _cancel_flow(tables_for(tables, connection), ids, notify))
     except DBAPIError as exc:
         raise _blocked(exc, ids) from exc
-    return _cancel_outcomes(rows)
 
 
-async def _cancel_async(source: Any, tables: QueueTables, ids: list[int]) -> dict[int, str]:
+async def _cancel_async(
+    source: Any, tables: QueueTables, ids: list[int], notify: bool
+) -> dict[int, str]:
     if not ids:
         await check_async_source(source, "queue.cancel")
         return {}
@@ -132,11 +132,17 @@ async def _cancel_async(source: Any, tables: QueueTables, ids: list[int]) -> dic
             connection.begin(),
         ):
             await connection.exec_driver_sql(cancel_lock_timeout_sql(CANCEL_LOCK_TIMEOUT))
-            statement = cancel_statement(tables_for(tables, connection))
-            rows = (await connection.execute(statement, _params(ids))).all()
+            flow = _cancel_flow(tables_for(tables, connection), ids, notify)
+            return await drive_async(connection, flow)
     except DBAPIError as exc:
         raise _blocked(exc, ids) from exc
-    return _cancel_outcomes(rows)
+
+
+def _cancel_flow(tables: QueueTables, ids: list[int], notify: bool) -> Flow[dict[int, str]]:
+    """The cancel's statements: the jobs, the workflow nodes waiting for their parents, and
+    the release of the workflows they belong to (see
+    :func:`~sqla_queue.workflows.admin.cancel_jobs_flow`)."""
+    return cancel_jobs_flow(tables, ReleaseStatements(tables, notify=notify), ids)
 
 
 #: Longest wait, in seconds, of a cancel for a row lock (workers hold theirs for
@@ -152,15 +158,6 @@ def _blocked(exc: DBAPIError, ids: list[int]) -> Exception:
         "nothing was cancelled. A transaction holds those jobs' rows: if it is the caller's "
         "own (it claimed, completed or updated them), commit it first."
     )
-
-
-def _params(ids: list[int]) -> dict[str, Any]:
-    params: CancelParams = {"ids": ids}
-    return dict(params)
-
-
-def _cancel_outcomes(rows: Sequence[Any]) -> dict[int, str]:
-    return {int(row[0]): str(row[1]) for row in rows}
 
 
 def check_timeout(timeout: object) -> float | None:

@@ -20,13 +20,13 @@ from typing import (
     overload,
 )
 
-from sqlalchemy import Engine, MetaData, Select
+from sqlalchemy import Engine, MetaData
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
-from sqlalchemy.orm import Relationship, Session, sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm import registry as Registry
 
-from sqla_queue import admin, controls, history, lifecycle, links
+from sqla_queue import admin, controls, history, lifecycle
 from sqla_queue.controls import RateLimit, TaskControl
 from sqla_queue.daemons import DaemonBackoff, DaemonSpec, DaemonStatus, read_daemon_status
 from sqla_queue.enqueue import by_name
@@ -34,8 +34,11 @@ from sqla_queue.errors import UnknownTaskError
 from sqla_queue.history import HistoryPartition, MaintainReport
 from sqla_queue.logic.backoff import RetryPolicy
 from sqla_queue.models import DEFAULT_PREFIX, build_tables, map_classes
+from sqla_queue.models.mapped import map_workflow_class
 from sqla_queue.models.tables import HistoryLayout, QueueTables
 from sqla_queue.periodic import Schedule, ScheduleState, read_schedules
+from sqla_queue.queue_links import RowLinks
+from sqla_queue.queue_workflows import WorkflowMethods
 from sqla_queue.registry import DaemonFn, QueueDefaults, TaskLimit, TaskRegistry
 from sqla_queue.schema.ddl import create_queue_schema
 from sqla_queue.schema.verify import verify_schema
@@ -120,7 +123,7 @@ def _rate_limited(session: Session | Connection, tables: QueueTables) -> list[st
     return [c.task for c in controls.stored_controls(session, tables) if c.rate_limit is not None]
 
 
-class Queue:
+class Queue(WorkflowMethods, RowLinks):
     """A job queue whose tables live in your application's own metadata.
 
     ``queue = Queue(Base)`` puts the queue's models in a declarative ``Base``'s metadata (so
@@ -161,6 +164,7 @@ class Queue:
             raise TypeError(f"notify must be True or False, got {notify!r}")
         self.tables = build_tables(self.metadata, schema=schema, prefix=prefix, history=history)
         self.Job, self.JobExecution = map_classes(reg, self.tables)
+        self.WorkflowRecord = map_workflow_class(reg, self.tables)
         self.notify = notify
         self.lost_interval, self.max_reclaims = defaults.lost_interval, defaults.max_reclaims
         self.max_attempts, self.retry = defaults.max_attempts, defaults.retry
@@ -442,7 +446,7 @@ class Queue:
         """Cancel jobs; a :class:`~sqla_queue.CancelOutcome` value per id (a coroutine of it
         for an async ``source``). See :func:`sqla_queue.lifecycle.cancel`."""
         outcomes: dict[int, str] | Coroutine[Any, Any, dict[int, str]]
-        outcomes = lifecycle.cancel(source, self.tables, job_ids)
+        outcomes = lifecycle.cancel(source, self.tables, job_ids, notify=self.notify)
         return outcomes
 
     @overload
@@ -467,14 +471,6 @@ class Queue:
         value: JSONValue | Coroutine[Any, Any, JSONValue]
         value = lifecycle.wait_for(source, self.tables, checked, lifecycle.check_timeout(timeout))
         return value
-
-    def jobs_about(self, about: object) -> Select[Any]:
-        """``select(queue.Job)`` of the jobs about ``about``. See :mod:`sqla_queue.links`."""
-        return links.jobs_about(self.Job, about)
-
-    def about_relationship(self, mapped: type, **kwargs: Any) -> Relationship[Any]:
-        """A ``relationship()`` from ``mapped`` to its jobs. See :mod:`sqla_queue.links`."""
-        return links.about_relationship(self.Job, mapped, **kwargs)
 
     def set_limit(self, session: Session | Connection, task: str, limit: int | None) -> None:
         """Store (``None``: remove) ``task``'s concurrency limit. See :mod:`sqla_queue.admin`."""
@@ -543,7 +539,13 @@ class Queue:
         runtimes = {name: _runtime(self.get_task(name)) for name in names}
         schedules, daemons = self._registry.schedules.values(), self._registry.daemons.values()
         return WorkerPlan(
-            self.tables, self.notify, self.lost_interval, runtimes, (*schedules,), (*daemons,)
+            self.tables,
+            self.notify,
+            self.lost_interval,
+            runtimes,
+            (*schedules,),
+            (*daemons,),
+            self._enqueuer.workflows,
         )
 
     def worker(

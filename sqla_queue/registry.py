@@ -28,6 +28,7 @@ from sqla_queue.models.tables import QueueTables
 from sqla_queue.periodic import DEFAULT_CATCH_UP_LIMIT, Schedule
 from sqla_queue.spec import check_keywords
 from sqla_queue.task import Task, TaskKwargs, TaskOptions, check_settings
+from sqla_queue.workflows.write import WorkflowWriter
 
 __all__ = ["DaemonFn", "KnownTasks", "QueueDefaults", "TaskLimit", "TaskRegistry"]
 
@@ -159,7 +160,9 @@ class TaskRegistry:
         """A registry for a new queue of ``tables``, with the queue's one enqueuer."""
         # The names enqueue accepts (registered or declared) and their rows' defaults.
         known = KnownTasks()
-        return cls(Enqueuer(tables, notify=notify, defaults=known.lookup), known, defaults)
+        enqueuer = Enqueuer(tables, notify=notify, defaults=known.lookup)
+        enqueuer.workflows = WorkflowWriter(tables, notify=notify, defaults=known.lookup)
+        return cls(enqueuer, known, defaults)
 
     @property
     def tasks(self) -> dict[str, Task[Any, Any]]:

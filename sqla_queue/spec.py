@@ -274,3 +274,6 @@ class JobSpec:
     args: Sequence[Any] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     options: EnqueueOptions = field(default_factory=EnqueueOptions)
+    #: The queue's enqueuer, when the spec comes from a task's :meth:`~sqla_queue.Task.call`:
+    #: a workflow of such specs knows its queue without being told.
+    origin: Any = field(default=None, compare=False, repr=False)

@@ -201,7 +201,7 @@ class Task(Generic[P, R]):
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> JobSpec:
         """Describe one call for :meth:`~sqla_queue.Queue.enqueue_many`, without writing it."""
-        return JobSpec(self.name, args, kwargs, self.call_options)
+        return JobSpec(self.name, args, kwargs, self.call_options, origin=self.enqueuer)
 
     @overload
     def enqueue(self, session: SyncBind, /, *args: P.args, **kwargs: P.kwargs) -> int: ...

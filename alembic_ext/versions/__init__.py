@@ -12,7 +12,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from alembic_ext.versions import v1, v1_to_v2, v2, v2_to_v3, v3, v3_to_v4, v4, v4_to_v5, v5
+from alembic_ext.versions import (
+    v1,
+    v1_to_v2,
+    v2,
+    v2_to_v3,
+    v3,
+    v3_to_v4,
+    v4,
+    v4_to_v5,
+    v5,
+    v5_to_v6,
+    v6,
+)
 
 __all__ = [
     "LATEST_VERSION",
@@ -46,6 +58,7 @@ _RELEASES: dict[int, _Release] = {
     v3.VERSION: _Release(v3.create_statements, v3.drop_statements, v3.TABLES),
     v4.VERSION: _Release(v4.create_statements, v4.drop_statements, v4.TABLES),
     v5.VERSION: _Release(v5.create_statements, v5.drop_statements, v5.TABLES),
+    v6.VERSION: _Release(v6.create_statements, v6.drop_statements, v6.TABLES),
 }
 # _STEPS[n] goes from version n to n + 1.
 _STEPS: dict[int, _Step] = {
@@ -53,6 +66,7 @@ _STEPS: dict[int, _Step] = {
     v2_to_v3.FROM_VERSION: _Step(v2_to_v3.upgrade_statements, v2_to_v3.downgrade_statements),
     v3_to_v4.FROM_VERSION: _Step(v3_to_v4.upgrade_statements, v3_to_v4.downgrade_statements),
     v4_to_v5.FROM_VERSION: _Step(v4_to_v5.upgrade_statements, v4_to_v5.downgrade_statements),
+    v5_to_v6.FROM_VERSION: _Step(v5_to_v6.upgrade_statements, v5_to_v6.downgrade_statements),
 }
 
 LATEST_VERSION = max(_RELEASES)

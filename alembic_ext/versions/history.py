@@ -1,4 +1,7 @@
-"""The partitioned history layout, frozen for schema version 5: to it and back.
+"""The partitioned history layout, frozen for schema versions 5 and 6: to it and back.
+
+Version 6 left the jobs table as version 5 had it (its step added tables and an executions
+column), so the same statements serve both.
 
 ``op.partition_history(version=5)`` (and ``op.create_queue(..., history="partitioned")``,
 which runs it right after creating the tables) replaces the jobs table by one partitioned
@@ -26,8 +29,8 @@ from alembic_ext.versions._names import Names
 
 __all__ = ["VERSIONS", "partition_statements", "unpartition_statements"]
 
-#: The schema versions whose jobs table this module knows.
-VERSIONS = (5,)
+#: The schema versions whose jobs table this module knows (the same table in each).
+VERSIONS = (5, 6)
 
 _TABLES = frozenset(
     {

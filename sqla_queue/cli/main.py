@@ -36,6 +36,7 @@ from sqla_queue.cli.scaffold import EXIT_DATABASE, EXIT_USAGE, AddCommands, Comm
 from sqla_queue.cli.status import add_status_parsers
 from sqla_queue.cli.values import log_level
 from sqla_queue.cli.worker import add_worker_parsers
+from sqla_queue.cli.workflows import add_workflows_parser
 from sqla_queue.errors import SqlaQueueError
 
 __all__ = ["COMMANDS", "build_parser", "database_error_message", "main"]
@@ -44,6 +45,7 @@ __all__ = ["COMMANDS", "build_parser", "database_error_message", "main"]
 COMMANDS: tuple[AddCommands, ...] = (
     add_worker_parsers,
     add_job_parsers,
+    add_workflows_parser,
     add_limits_parser,
     add_status_parsers,
     add_maintain_parser,
@@ -53,8 +55,8 @@ COMMANDS: tuple[AddCommands, ...] = (
     add_dashboard_parser,
 )
 
-# Commands whose words (`set TASK N`) may come after their options.
-_WORDED = ("limits", "rate-limit")
+# Commands whose words (`set TASK N`, a workflow's id) may come after their options.
+_WORDED = ("limits", "rate-limit", "workflows")
 
 # SQLSTATE classes of a failed connection: 08 connection exception, 28 invalid
 # authorization, 3D invalid catalog name (no such database), 57P03 cannot connect now.
@@ -66,7 +68,8 @@ exit status (every command; `sqla-queue COMMAND --help` gives each one's own):
   0  success
   1  the database could not be reached or refused the command
   2  a usage error, or a database the queue cannot run on as it is
-  3-7, 130  how the jobs of `result`, `cancel` and `requeue` ended"""
+  3-7, 130  how the jobs of `result`, `cancel` and `requeue` ended (6 for `workflows`:
+            no workflow has the id)"""
 
 
 def build_parser(extra: Iterable[AddCommands] = ()) -> argparse.ArgumentParser:

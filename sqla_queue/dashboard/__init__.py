@@ -6,9 +6,10 @@ application, or ``sqla-queue dashboard myapp.jobs:queue`` on its own. It needs t
 
 Pages: an overview per task (counts, limits, pauses, throughput chart), the job list with
 filters and pagination, a job's detail (arguments, every attempt's error, result, links),
-the live workers. Actions (requeue, cancel, pause, resume, concurrency limits) exist only
-for requests the host's ``auth`` accepts; without ``auth`` the dashboard is read-only.
-Every action needs the page's CSRF token (see :mod:`sqla_queue.dashboard.csrf`).
+the recent workflows and each one's graph (drawn as SVG on the server), the live workers.
+Actions (requeue, cancel, pause, resume, concurrency limits) exist only for requests the
+host's ``auth`` accepts; without ``auth`` the dashboard is read-only. Every action needs
+the page's CSRF token (see :mod:`sqla_queue.dashboard.csrf`).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from sqla_queue.dashboard.csrf import CsrfSigner
 from sqla_queue.dashboard.database import Database
 from sqla_queue.dashboard.queue_protocol import DashboardQueue
 from sqla_queue.dashboard.views import Views
+from sqla_queue.dashboard.workflow_views import WorkflowPages
 
 __all__ = ["build_app"]
 
@@ -79,6 +80,7 @@ def build_app(
         signer=CsrfSigner(config.secret),
         templates=Jinja2Templates(env=env),
     )
+    workflows = WorkflowPages(views)
     routes = [
         Route("/", views.overview, name="overview"),
         Route("/jobs", views.jobs, name="jobs"),
@@ -87,6 +89,8 @@ def build_app(
         # database error.
         Route("/jobs/{job_id}", views.job, name="job"),
         Route("/workers", views.workers, name="workers"),
+        Route("/workflows", workflows.workflows, name="workflows"),
+        Route("/workflows/{workflow_id}", workflows.workflow, name="workflow"),
         Route("/jobs/{job_id}/requeue", views.requeue, methods=["POST"], name="requeue"),
         Route("/jobs/{job_id}/cancel", views.cancel, methods=["POST"], name="cancel"),
         Route("/tasks/{task}/pause", views.pause, methods=["POST"], name="pause"),

@@ -28,6 +28,7 @@ __all__ = [
     "shown",
     "text",
     "whole_number",
+    "workflow_id",
 ]
 
 # The digits of the largest bound any caller passes (bigint: 19); a longer run of digits
@@ -81,6 +82,17 @@ def job_id(value: str) -> int:
         return whole_number("a job id", value, low=1, high=BIGINT_MAX)
     except RequestRefused as refused:
         raise RequestRefused(404, f"There is no job {shown(value)}: {refused.reason}") from None
+
+
+def workflow_id(value: str) -> int:
+    """A workflow id from a URL's path, read as :func:`job_id` reads a job's: anything
+    but a whole number from 1 to ``BIGINT_MAX`` names no workflow (404)."""
+    try:
+        return whole_number("a workflow id", value, low=1, high=BIGINT_MAX)
+    except RequestRefused as refused:
+        raise RequestRefused(
+            404, f"There is no workflow {shown(value)}: {refused.reason}"
+        ) from None
 
 
 def text(name: str, value: str, *, max_length: int) -> str:

@@ -1,5 +1,5 @@
-"""What the dashboard reads beyond :mod:`sqla_queue.status`: pages of jobs, one job, and
-finishes per minute for the throughput chart.
+"""What the dashboard reads beyond :mod:`sqla_queue.status`: pages of jobs, one job (and
+the workflow it is a node of), and finishes per minute for the throughput chart.
 
 The statements are built in :mod:`sqla_queue.statements.dashboard`, which says how each
 one reads; here they are run and their rows shaped for the pages.
@@ -22,6 +22,7 @@ from sqla_queue.statements.dashboard import (
     job_page_statement,
     throughput_statement,
 )
+from sqla_queue.workflows.listing import NodeOf, workflow_of_job
 
 __all__ = [
     "JobFilters",
@@ -99,11 +100,20 @@ def read_job_page(
 
 def read_job(connection: Connection, tables: QueueTables, job_id: int) -> dict[str, Any] | None:
     """Job ``job_id`` as a dict of the columns of
-    :func:`~sqla_queue.statements.dashboard.job_detail_statement`, else ``None``."""
+    :func:`~sqla_queue.statements.dashboard.job_detail_statement`, plus ``workflow_id``
+    and ``workflow_node`` (its workflow and node name when it is a workflow's node, else
+    ``None``); ``None`` when there is no such job."""
     if not 1 <= job_id <= BIGINT_MAX:
         return None
     row = connection.execute(job_detail_statement(tables), {"id": job_id}).first()
-    return None if row is None else dict(row._mapping)
+    if row is None:
+        return None
+    node: NodeOf | None = workflow_of_job(connection, tables, job_id)
+    return {
+        **row._mapping,
+        "workflow_id": node.workflow_id if node is not None else None,
+        "workflow_node": node.name if node is not None else None,
+    }
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,8 @@ class ClaimedJob:
     execute_at: dt.datetime | None = None
     #: The job's priority: prefetched jobs start in its order.
     priority: int = 0
+    #: The job is a workflow's node: its completion releases its dependents.
+    workflow: bool = False
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from sqlalchemy import (
     Table,
     Text,
     Uuid,
+    literal,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
@@ -51,6 +52,9 @@ from sqla_queue.models.vocabulary import (
     SCHEMA_VERSION,
     ExecutionState,
     JobStatus,
+    NodeState,
+    ParentFailure,
+    ParentPolicy,
     UniqueScope,
     schema_version_comment,
 )
@@ -65,6 +69,9 @@ __all__ = [
     "schedules_table",
     "unique_keys_table",
     "workers_table",
+    "workflow_edges_table",
+    "workflow_nodes_table",
+    "workflows_table",
 ]
 
 
@@ -185,6 +192,9 @@ def executions_table(metadata: MetaData, schema: str | None, prefix: str) -> Tab
         # Version 4. Someone asked to cancel this execution while it ran: the heartbeat
         # tells its worker, and the completion ends the job cancelled unless it succeeded.
         Column("cancel_requested", Boolean, nullable=False, server_default=text("false")),
+        # Version 6. The job is a workflow's node: its completion also releases its
+        # dependents. The claim returns it, so a batch without nodes pays nothing.
+        Column("workflow", Boolean, nullable=False, server_default=text("false")),
         CheckConstraint(
             f"state IN ({_in(ExecutionState.ALL)})", name=conv(f"{exec_name}_state_ck")
         ),
@@ -413,3 +423,118 @@ def workers_table(metadata: MetaData, schema: str | None, prefix: str) -> Table:
         schema=schema,
         comment="sqla_queue: live workers, each refreshed by its own beats",
     )
+
+
+def workflows_table(metadata: MetaData, schema: str | None, prefix: str) -> Table:
+    """The workflows: one row per graph of jobs enqueued together (schema version 6)."""
+    name = f"{prefix}workflows"
+    workflows = Table(
+        name,
+        metadata,
+        Column("id", BigInteger, Identity(always=False), primary_key=True),
+        Column("name", Text, nullable=False),
+        # The application row the workflow is about, as for jobs (see sqla_queue.links).
+        Column("about_table", Text, nullable=True),
+        Column("about_key", Text, nullable=True),
+        Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+        # Set by cancel_workflow; the nodes it found undecided are cancelled with it.
+        Column("cancelled_at", DateTime(timezone=True), nullable=True),
+        PrimaryKeyConstraint("id", name=conv(f"{name}_pkey")),
+        schema=schema,
+        comment="sqla_queue: workflows, each a graph of jobs enqueued together",
+    )
+    # "Which workflows does this row have?", and the unique workflow's check.
+    Index(
+        conv(f"{name}_about_ix"),
+        workflows.c.about_table,
+        workflows.c.about_key,
+        workflows.c.name,
+        postgresql_where=workflows.c.about_key.is_not(None),
+    )
+    return workflows
+
+
+def workflow_nodes_table(metadata: MetaData, schema: str | None, prefix: str) -> Table:
+    """The jobs of each workflow, and what each needs of its parents (schema version 6)."""
+    name = f"{prefix}workflow_nodes"
+    nodes = Table(
+        name,
+        metadata,
+        # The node's job. No foreign key, as for executions: written only by this library.
+        Column("job_id", BigInteger, nullable=False, autoincrement=False),
+        Column("workflow_id", BigInteger, nullable=False),
+        Column("name", Text, nullable=False),
+        # How many parents the node has: a node with one needs no lock to be released.
+        Column("parents", Integer, nullable=False),
+        Column(
+            "policy", Text, nullable=False, server_default=text(f"'{ParentPolicy.ALL_SUCCEEDED}'")
+        ),
+        Column("quorum", Integer, nullable=True),
+        Column(
+            "on_parent_failure",
+            Text,
+            nullable=False,
+            server_default=text(f"'{ParentFailure.CANCEL}'"),
+        ),
+        Column("state", Text, nullable=False),
+        # When released: run this long after, or at this time (else at once).
+        Column("delay", Double, nullable=True),
+        Column("run_at", DateTime(timezone=True), nullable=True),
+        PrimaryKeyConstraint("job_id", name=conv(f"{name}_pkey")),
+        CheckConstraint(f"state IN ({_in(NodeState.ALL)})", name=conv(f"{name}_state_ck")),
+        CheckConstraint(f"policy IN ({_in(ParentPolicy.ALL)})", name=conv(f"{name}_policy_ck")),
+        CheckConstraint(
+            f"on_parent_failure IN ({_in(ParentFailure.ALL)})",
+            name=conv(f"{name}_failure_ck"),
+        ),
+        CheckConstraint(
+            f"(policy = '{ParentPolicy.QUORUM}') = (quorum IS NOT NULL) "
+            "AND quorum BETWEEN 1 AND parents",
+            name=conv(f"{name}_quorum_ck"),
+        ),
+        schema=schema,
+        comment="sqla_queue: the jobs of each workflow and what each needs of its parents",
+    )
+    # A node's name is unique in its workflow; the workflow's nodes are its entries.
+    Index(conv(f"{name}_name_uq"), nodes.c.workflow_id, nodes.c.name, unique=True)
+    return nodes
+
+
+def workflow_edges_table(metadata: MetaData, schema: str | None, prefix: str) -> Table:
+    """Each dependency of a workflow, with its parent's outcome once known (version 6)."""
+    name = f"{prefix}workflow_edges"
+    edges = Table(
+        name,
+        metadata,
+        Column("child_id", BigInteger, nullable=False),
+        Column("parent_id", BigInteger, nullable=False),
+        # NULL while the parent has not ended; then its final status, and its result (or
+        # its last error) for the child to read: kept here, a parent's row may be pruned.
+        Column("outcome", Text, nullable=True),
+        Column("result", JSONB, nullable=True),
+        PrimaryKeyConstraint("child_id", "parent_id", name=conv(f"{name}_pkey")),
+        CheckConstraint(
+            f"outcome IN ({_in(JobStatus.FINAL)})",
+            name=conv(f"{name}_outcome_ck"),
+        ),
+        schema=schema,
+        comment="sqla_queue: workflow dependencies, each with its parent's outcome",
+    )
+    # A finished job's dependents: what its completion releases.
+    Index(conv(f"{name}_parent_ix"), edges.c.parent_id)
+    # A child's parents that have not ended: the release's "am I the last?" probe.
+    Index(
+        conv(f"{name}_open_ix"),
+        edges.c.child_id,
+        edges.c.parent_id,
+        postgresql_where=edges.c.outcome.is_(None),
+    )
+    # A child's parents that failed or were cancelled: the decision's "did one fail?"
+    # probe, one entry away instead of a walk of every parent of a large fan-in.
+    Index(
+        conv(f"{name}_failed_ix"),
+        edges.c.child_id,
+        # Not NULL and not succeeded: failed or cancelled (the outcome's check).
+        postgresql_where=edges.c.outcome.op("<>")(literal(JobStatus.SUCCEEDED)),
+    )
+    return edges

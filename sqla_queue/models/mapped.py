@@ -11,7 +11,7 @@ from sqlalchemy.orm import registry as Registry
 
 from sqla_queue.models.tables import ExecutionState, JobStatus, QueueTables
 
-__all__ = ["Job", "JobExecution", "map_classes", "mapped_class_names"]
+__all__ = ["Job", "JobExecution", "WorkflowRecord", "map_classes", "mapped_class_names"]
 
 
 class Job:
@@ -95,6 +95,8 @@ class JobExecution:
     slot: int | None
     #: Someone cancelled the job while this execution ran (see ``queue.cancel``).
     cancel_requested: bool
+    #: The job is a workflow's node: its completion also releases its dependents.
+    workflow: bool
 
     def __repr__(self) -> str:
         return f"<JobExecution id={self.id} task={self.task!r} state={self.state!r}>"
@@ -132,3 +134,32 @@ def map_classes(reg: Registry, tables: QueueTables) -> tuple[type[Job], type[Job
     )
     reg.map_imperatively(job_cls, tables.jobs, properties={"execution": execution})
     return job_cls, exec_cls
+
+
+class WorkflowRecord:
+    """A workflow's row (schema version 6): its name and the application row it is about.
+
+    Query it with the host's Session (``select(queue.WorkflowRecord)``), or list a row's
+    workflows through ``queue.workflows_relationship(Order)``; its nodes' states come from
+    ``queue.workflow_status``.
+    """
+
+    id: int
+    name: str
+    about_table: str | None
+    about_key: str | None
+    created_at: dt.datetime
+    cancelled_at: dt.datetime | None
+
+    def __repr__(self) -> str:
+        return f"<WorkflowRecord id={self.id} name={self.name!r}>"
+
+
+def map_workflow_class(reg: Registry, tables: QueueTables) -> type[WorkflowRecord]:
+    """Map a fresh subclass of :class:`WorkflowRecord` onto ``tables.workflows`` (fresh, and
+    named after the queue's tables, for the reason :func:`map_classes` gives)."""
+    job_name, _ = mapped_class_names(tables)
+    name = job_name.replace("Job", "WorkflowRecord", 1)
+    cls: type[WorkflowRecord] = type(name, (WorkflowRecord,), {"__module__": __name__})
+    reg.map_imperatively(cls, tables.workflows)
+    return cls

@@ -1,6 +1,6 @@
 """The queue's tables, built into the host application's own MetaData.
 
-A queue has nine tables, each with a role: the fields of :class:`QueueTables` that hold a
+A queue has twelve tables, each with a role: the fields of :class:`QueueTables` that hold a
 ``Table`` name them (:data:`TABLE_ROLES`, in creation order). Each table has its builder in
 :mod:`sqla_queue.models.builders`; :func:`build_tables` composes them, tags each table with
 its role for the tooling, and registers the queue in the metadata.
@@ -25,6 +25,9 @@ from sqla_queue.models.builders import (
     schedules_table,
     unique_keys_table,
     workers_table,
+    workflow_edges_table,
+    workflow_nodes_table,
+    workflows_table,
 )
 from sqla_queue.models.partitioning import attach_partition_ddl
 from sqla_queue.models.placement import resolve_schema, translated_schema
@@ -34,6 +37,9 @@ from sqla_queue.models.vocabulary import (
     ExecutionState,
     HistoryLayout,
     JobStatus,
+    NodeState,
+    ParentFailure,
+    ParentPolicy,
     UniqueScope,
     check_history,
     parse_schema_version_comment,
@@ -47,6 +53,9 @@ __all__ = [
     "ExecutionState",
     "HistoryLayout",
     "JobStatus",
+    "NodeState",
+    "ParentFailure",
+    "ParentPolicy",
     "QueueTables",
     "UniqueScope",
     "build_tables",
@@ -76,6 +85,9 @@ class QueueTables:
     schedules: Table
     daemons: Table
     workers: Table
+    workflows: Table
+    workflow_nodes: Table
+    workflow_edges: Table
     schema: str | None
     prefix: str
     #: The :class:`HistoryLayout` of the jobs table.
@@ -178,6 +190,9 @@ def build_tables(
         schedules=schedules_table(metadata, schema, prefix),
         daemons=daemons_table(metadata, schema, prefix),
         workers=workers_table(metadata, schema, prefix),
+        workflows=workflows_table(metadata, schema, prefix),
+        workflow_nodes=workflow_nodes_table(metadata, schema, prefix),
+        workflow_edges=workflow_edges_table(metadata, schema, prefix),
         schema=schema,
         prefix=prefix,
         history=history,

@@ -16,6 +16,9 @@ __all__ = [
     "ExecutionState",
     "HistoryLayout",
     "JobStatus",
+    "NodeState",
+    "ParentFailure",
+    "ParentPolicy",
     "UniqueScope",
     "check_history",
     "parse_schema_version_comment",
@@ -27,7 +30,7 @@ DEFAULT_PREFIX = "sqla_queue_"
 
 #: The schema version that these models describe. Each released version is frozen in
 #: ``alembic_ext`` so that an old migration never changes meaning.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _VERSION_COMMENT = "sqla_queue schema version {}"
 _VERSION_ANYWHERE = re.compile(r"sqla_queue schema version (\d+)")
@@ -42,6 +45,8 @@ class JobStatus:
     FAILED = "failed"
     CANCELLED = "cancelled"
     ALL = (QUEUED, SUCCEEDED, FAILED, CANCELLED)
+    #: The statuses a job ends in.
+    FINAL = (SUCCEEDED, FAILED, CANCELLED)
 
 
 class HistoryLayout:
@@ -102,6 +107,50 @@ class UniqueScope:
     ACTIVE = "active"
     FINISHED = "finished"
     ALL = (QUEUED, ACTIVE, FINISHED)
+
+
+class NodeState:
+    """Values of ``workflow_nodes.state`` (schema version 6): where a workflow's job stands.
+
+    ``blocked``: it waits for its parents, with a job row and no execution (outside every
+    index that the claim walks). ``held``: a parent failed and the node waits for an
+    operator to requeue that parent (``on_parent_failure="hold"``). ``released``: its
+    parents' outcomes let it run; its execution was written when the last one finished.
+    ``cancelled``: its parents' outcomes ruled it out, or its workflow was cancelled; its
+    job is cancelled and never ran.
+    """
+
+    BLOCKED = "blocked"
+    HELD = "held"
+    RELEASED = "released"
+    CANCELLED = "cancelled"
+    ALL = (BLOCKED, HELD, RELEASED, CANCELLED)
+    #: Still waiting: a requeue or a cancel of the workflow may change them.
+    UNDECIDED = (BLOCKED, HELD)
+
+
+class ParentPolicy:
+    """Values of ``workflow_nodes.policy``: what a node needs of its parents to run.
+
+    ``all_succeeded``: every parent succeeded (a failed or cancelled one rules the node
+    out at once). ``all_finished``: every parent ended, however. ``quorum``: ``quorum``
+    parents succeeded (the node runs as soon as they have).
+    """
+
+    ALL_SUCCEEDED = "all_succeeded"
+    ALL_FINISHED = "all_finished"
+    QUORUM = "quorum"
+    ALL = (ALL_SUCCEEDED, ALL_FINISHED, QUORUM)
+
+
+class ParentFailure:
+    """Values of ``workflow_nodes.on_parent_failure``: what a parent's failure does to a node
+    that needed it. ``cancel``: the node is cancelled, and its own dependents in turn.
+    ``hold``: the node waits until an operator requeues the failed parent."""
+
+    CANCEL = "cancel"
+    HOLD = "hold"
+    ALL = (CANCEL, HOLD)
 
 
 def schema_version_comment(version: int) -> str:

@@ -199,8 +199,9 @@ def required_privileges(tables: QueueTables, schema: str) -> list[RequiredPrivil
     executions and unique keys tables (an enqueue with a unique key takes or updates its
     row there, and the key is released and pruned later) and on the tables the worker's
     own bookkeeping writes (the starts of rate-limited tasks, the periodic schedules' last
-    ticks, the daemons' owners, the live workers); ``SELECT`` on the limits table, which
-    every claim reads;
+    ticks, the daemons' owners, the live workers) and on the workflow tables (a producer
+    enqueues a workflow's nodes and dependencies, and a worker's completion of a node
+    releases its dependents); ``SELECT`` on the limits table, which every claim reads;
     ``SELECT`` and ``UPDATE`` on the task controls, which the maintenance reads and a claim
     of a rate-limited task locks (``FOR UPDATE``). Writing the limits and the controls is
     for the operators who change them (:data:`ADMIN_LIMIT_PRIVILEGES`), not required here.
@@ -215,6 +216,9 @@ def required_privileges(tables: QueueTables, schema: str) -> list[RequiredPrivil
         tables.schedules,
         tables.daemons,
         tables.workers,
+        tables.workflows,
+        tables.workflow_nodes,
+        tables.workflow_edges,
     )
     for table in written:
         needed += [RequiredPrivilege("table", table.name, p) for p in DATA_PRIVILEGES]

@@ -18,6 +18,7 @@ from sqlalchemy import (
     any_,
     bindparam,
     delete,
+    exists,
     false,
     func,
     literal_column,
@@ -117,9 +118,13 @@ def requeue_statement(tables: QueueTables) -> Select[int]:
         )
         .cte("revived")
     )
+    rows = keyed_rows(tables, revived).subquery("rows")
+    nodes = tables.workflow_nodes
+    # A workflow's node runs as one again: its completion releases its dependents.
+    is_node = exists(select(nodes.c.job_id).where(nodes.c.job_id == rows.c.id))
     back = pg_insert(ex).from_select(
-        ["id", "task", "priority", "queue_id", "state", "execute_at"],
-        keyed_rows(tables, revived),
+        ["id", "task", "priority", "queue_id", "state", "execute_at", "workflow"],
+        select(*rows.c, is_node),
     )
     added = (
         # A finished execution may still be parked 'done' (a keyed job, or a cancelled
@@ -136,6 +141,7 @@ def requeue_statement(tables: QueueTables) -> Select[int]:
                 "lease_seconds": null(),
                 "slot": null(),
                 "cancel_requested": false(),
+                "workflow": back.excluded.workflow,
             },
             where=ex.c.state == DONE,
         )

@@ -177,6 +177,7 @@ def claim_statement(
             ex.c.task,
             ex.c.execute_at,
             ex.c.priority,
+            ex.c.workflow,
         )
         .cte("claimed")
     )
@@ -192,6 +193,7 @@ def claim_statement(
         jobs.c.max_attempts,
         claimed.c.execute_at,
         claimed.c.priority,
+        claimed.c.workflow,
     ]
     # Outer: an execution whose job row was deleted by hand comes back with a NULL
     # payload, and the worker fails it, instead of holding it unseen until reclaimed.

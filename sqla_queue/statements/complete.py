@@ -124,7 +124,7 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
     finished = (
         delete(ex)
         .where(fence, final, ex.c.queue_id.is_(None))
-        .returning(ex.c.id, ex.c.cancel_requested.label("cancel"))
+        .returning(ex.c.id, ex.c.cancel_requested.label("cancel"), ex.c.workflow)
         .cte("finished")
     )
     # A finished keyed execution is marked 'done', not deleted: an enqueue in flight may
@@ -136,7 +136,7 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
         update(ex)
         .where(fence, final, has_key(ex.c.queue_id))
         .values(state=DONE, worker_id=null(), alive_at=null(), slot=null())
-        .returning(ex.c.id, ex.c.cancel_requested.label("cancel"))
+        .returning(ex.c.id, ex.c.cancel_requested.label("cancel"), ex.c.workflow)
         .cte("parked")
     )
     next_run = func.coalesce(
@@ -162,13 +162,13 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
                 else_=ex.c.attempt - 1,
             ),
         )
-        .returning(ex.c.id, ex.c.cancel_requested.label("cancel"))
+        .returning(ex.c.id, ex.c.cancel_requested.label("cancel"), ex.c.workflow)
         .cte("requeued")
     )
     applied = union_all(
-        select(finished.c.id, finished.c.cancel),
-        select(requeued.c.id, requeued.c.cancel),
-        select(parked.c.id, parked.c.cancel),
+        select(finished.c.id, finished.c.cancel, finished.c.workflow),
+        select(requeued.c.id, requeued.c.cancel, requeued.c.workflow),
+        select(parked.c.id, parked.c.cancel, parked.c.workflow),
     ).subquery("applied")
     kind = outcome.c.kind
     cancelled = or_(
@@ -183,7 +183,8 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
     recorded_where = [job_row, or_(kind.in_(_kinds(OutcomeKind.recorded())), applied.c.cancel)]
     if tables.history == HistoryLayout.NONE:
         # Named here, the deletion is rendered (and run) as the CTE "erased".
-        erased = _erase_succeeded(tables, job_row, succeeded)
+        # A workflow's node keeps its row: its dependents read its result through it.
+        erased = _erase_succeeded(tables, job_row, and_(succeeded, ~applied.c.workflow))
         recorded_where.append(~exists().where(erased.c.id == jobs.c.id))
     recorded = (
         update(jobs)
@@ -236,7 +237,8 @@ def _erase_succeeded(
     it had to wait for the row: a waiter that marks the job while this statement waits
     keeps the row. The update that records the kept ones is then chosen by what this
     DELETE returned, never by the flags as the snapshot saw them (a row the snapshot saw
-    unawaited but a waiter kept would be neither deleted nor recorded).
+    unawaited but a waiter kept would be neither deleted nor recorded). A workflow node's
+    row is kept too (``succeeded`` says so): the release reads its result from it.
     """
     jobs = tables.jobs
     return (

@@ -13,10 +13,11 @@ from sqlalchemy import (
     all_,
     bindparam,
     delete,
+    false,
     func,
-    literal_column,
     null,
     select,
+    true,
     tuple_,
     union_all,
     update,
@@ -87,7 +88,9 @@ def reclaim_statement(tables: QueueTables) -> CompoundSelect[Any]:
     attempt stays as it is: the next claim counts a new one. ``reclaims`` counts how often
     the job was lost. A lost execution whose job was asked to cancel is not run again: its
     job becomes ``cancelled`` (a keyed one is parked ``done`` for the key's promotion).
-    Returns ``(id, task, attempt, reclaims)`` of the executions put back to pending.
+    Returns ``(id, task, attempt, reclaims, ended_node)`` of the executions put back to
+    pending (``ended_node`` false), and ``(id, NULL, NULL, NULL, true)`` for each workflow
+    node it cancelled, whose dependents the caller advances before it commits.
 
     The walk is ``running_ix``: running rows only, as many as the workers' concurrency,
     never the backlog. Rows are locked with SKIP LOCKED, so no reclaimer ever waits, and
@@ -116,18 +119,19 @@ def reclaim_statement(tables: QueueTables) -> CompoundSelect[Any]:
     dropped = (
         delete(ex)
         .where(ex.c.id == stale.c.id, stale.c.cancel_requested, stale.c.queue_id.is_(None))
-        .returning(ex.c.id, ex.c.attempt)
+        .returning(ex.c.id, ex.c.attempt, ex.c.workflow)
         .cte("dropped")
     )
     parked = (
         update(ex)
         .where(ex.c.id == stale.c.id, stale.c.cancel_requested, stale.c.queue_id.is_not(None))
         .values(state=DONE, worker_id=null(), alive_at=null(), slot=null())
-        .returning(ex.c.id, ex.c.attempt)
+        .returning(ex.c.id, ex.c.attempt, ex.c.workflow)
         .cte("parked")
     )
     removed = union_all(
-        select(dropped.c.id, dropped.c.attempt), select(parked.c.id, parked.c.attempt)
+        select(dropped.c.id, dropped.c.attempt, dropped.c.workflow),
+        select(parked.c.id, parked.c.attempt, parked.c.workflow),
     ).subquery("removed")
     cancelled = (
         update(jobs)
@@ -143,7 +147,17 @@ def reclaim_statement(tables: QueueTables) -> CompoundSelect[Any]:
     )
     # "cancelled" is not read; PostgreSQL runs data-modifying CTEs regardless, and the
     # false branch keeps SQLAlchemy from dropping the unreferenced CTE.
+    # A cancelled workflow node comes back as a row of its own (no task): its dependents
+    # are released in this transaction (sqla_queue.worker.decider.nodes).
     return union_all(
-        select(requeued.c.id, requeued.c.task, requeued.c.attempt, requeued.c.reclaims),
-        select(cancelled.c.id, null(), null(), null()).where(literal_column("false")),
+        select(
+            requeued.c.id,
+            requeued.c.task,
+            requeued.c.attempt,
+            requeued.c.reclaims,
+            false().label("ended_node"),
+        ),
+        select(cancelled.c.id, null(), null(), null(), true())
+        .select_from(cancelled.join(removed, removed.c.id == cancelled.c.id))
+        .where(removed.c.workflow),
     )

@@ -1,7 +1,7 @@
 """Helpers for testing an application that uses sqla_queue.
 
 * :func:`drain` runs every due job inline, with a burst worker, and reports what ran, read
-  back from the jobs table;
+  back from the jobs table, in the order it ran (a workflow's nodes with their names);
 * :func:`assert_enqueued` checks that a block of code enqueued the jobs it should have;
 * :func:`eager` runs the due jobs right after each commit of a session factory's sessions,
   for unit tests that want "enqueue" to mean "run now".
@@ -14,25 +14,24 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, and_, event, exists, func, or_, select, text
+from sqlalchemy import Engine, and_, event, exists, func, or_, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue._binds import engine_with_options
-from sqla_queue._identifiers import validate_task_name
-from sqla_queue.checks import check_whole_number
-from sqla_queue.models.tables import ExecutionState, JobStatus, translated_schema
-
-#: The execution option that chooses a tenant's schema.
-TRANSLATE = "schema_translate_map"
+from sqla_queue.instrumentation import check_observers
+from sqla_queue.models.tables import ExecutionState, JobStatus
+from sqla_queue.testing.enqueued import EnqueuedJob, EnqueuedJobs, assert_enqueued
+from sqla_queue.testing.run_order import RunOrder
 
 if TYPE_CHECKING:
     from sqla_queue.queue import Queue
     from sqla_queue.worker.base import RunStats
+    from sqla_queue.workflows.results import WorkflowHandle
 
 __all__ = [
     "DrainResult",
@@ -44,8 +43,6 @@ __all__ = [
     "drain",
     "eager",
 ]
-
-_UNSET: Any = object()
 
 
 @dataclass(frozen=True)
@@ -63,6 +60,9 @@ class RanJob:
     #: The error the drain's last attempt recorded (``type``, ``message``, ``traceback``,
     #: ...), or ``None`` when no attempt of this drain failed.
     error: dict[str, Any] | None
+    #: The workflow the job is a node of, and its node name (``None`` for a plain job).
+    workflow_id: int | None = None
+    node: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -70,9 +70,21 @@ class RanJob:
         return self.error is None
 
 
+def _nodes_of(jobs: Sequence[RanJob], workflow: WorkflowHandle | int) -> dict[str, RanJob]:
+    """``jobs``' nodes of ``workflow`` (a handle or its id) by node name, in ``jobs``' order."""
+    wanted = workflow if isinstance(workflow, int) else workflow.id
+    nodes: dict[str, RanJob] = {}
+    for job in jobs:
+        if job.workflow_id == wanted and job.node is not None:
+            # A node that ran again (a retry in a later drain) takes its latest place.
+            nodes.pop(job.node, None)
+            nodes[job.node] = job
+    return nodes
+
+
 @dataclass(frozen=True)
 class DrainResult:
-    """What one :func:`drain` ran, in job id order, and the burst worker's counts."""
+    """What one :func:`drain` ran, in the order it ran, and the burst worker's counts."""
 
     jobs: tuple[RanJob, ...]
     stats: RunStats
@@ -91,6 +103,15 @@ class DrainResult:
     def succeeded(self) -> list[RanJob]:
         """The jobs that ran and ended ``succeeded``."""
         return [job for job in self.jobs if job.status == JobStatus.SUCCEEDED]
+
+    def workflow(self, workflow: WorkflowHandle | int) -> dict[str, RanJob]:
+        """The nodes of ``workflow`` (its handle or id) that ran, by node name, in the
+        order they ran; nodes an expansion added are included, under their own names.
+
+        A node that never ran (cancelled by a failed parent, held, not due yet) is
+        absent: ``queue.workflow_status`` shows every node's state.
+        """
+        return _nodes_of(self.jobs, workflow)
 
     @property
     def failed(self) -> list[RanJob]:
@@ -165,7 +186,7 @@ def _snapshot(queue: Queue, connection: Connection) -> _Snapshot:
 
 
 def _ran_since(queue: Queue, connection: Connection, before: _Snapshot) -> list[RanJob]:
-    jobs = queue.tables.jobs
+    jobs, nodes = queue.tables.jobs, queue.tables.workflow_nodes
     watched = list(before.open_jobs)
     rows = connection.execute(
         select(
@@ -175,7 +196,10 @@ def _ran_since(queue: Queue, connection: Connection, before: _Snapshot) -> list[
             jobs.c.attempts,
             jobs.c.result,
             jobs.c.errors,
+            nodes.c.workflow_id,
+            nodes.c.name.label("node"),
         )
+        .select_from(jobs.outerjoin(nodes, nodes.c.job_id == jobs.c.id))
         .where(or_(jobs.c.id > before.max_id, jobs.c.id.in_(watched)))
         .order_by(jobs.c.id)
     )
@@ -188,7 +212,18 @@ def _ran_since(queue: Queue, connection: Connection, before: _Snapshot) -> list[
             continue
         errors = row.errors or []
         error = errors[-1] if len(errors) > errors_before else None
-        ran.append(RanJob(row.id, row.task, row.status, row.attempts, row.result, error))
+        ran.append(
+            RanJob(
+                row.id,
+                row.task,
+                row.status,
+                row.attempts,
+                row.result,
+                error,
+                workflow_id=row.workflow_id,
+                node=row.node,
+            )
+        )
     return ran
 
 
@@ -203,9 +238,11 @@ def drain(
 
     A burst worker (``queue.worker(session_factory, ...).run(burst=True)``) runs the jobs,
     so they go through the same claim, handlers, retries and acknowledgements as in
-    production, including jobs that the handlers enqueue and that are due at once. Jobs
-    scheduled for later (a ``delay``, a retry's backoff) stay queued. What ran is read back
-    from the jobs table afterwards: every job with more attempts than before the drain.
+    production, including jobs that the handlers enqueue and that are due at once. A
+    workflow runs to its end: each node its parents release, and each node an expansion
+    adds, is claimed by the same run. Jobs scheduled for later (a ``delay``, a retry's
+    backoff) stay queued. What ran is read back from the jobs table afterwards: every job
+    with more attempts than before the drain.
 
     Args:
         queue: the application's queue.
@@ -221,9 +258,10 @@ def drain(
             claim order), ``listen=False`` and ``install_signal_handlers=False``.
 
     Returns:
-        The jobs that ran, in id order, with their status afterwards, and the worker's
-        :class:`~sqla_queue.RunStats`. Call :meth:`DrainResult.raise_failures` to fail a
-        test on any failed attempt.
+        The jobs that ran, in the order their last attempt of the drain ended (as the
+        worker reported them), with their status afterwards and, for a workflow's node,
+        its workflow and node name; and the worker's :class:`~sqla_queue.RunStats`. Call
+        :meth:`DrainResult.raise_failures` to fail a test on any failed attempt.
     """
     engine = _engine_of(session_factory)
     options: dict[str, Any] = {
@@ -237,242 +275,17 @@ def drain(
             # list("noop") would be four one-letter task names.
             raise TypeError(f"drain: tasks must be a list of task names, got {tasks!r}")
         options["tasks"] = list(tasks)
+    order = RunOrder()
+    options["observers"] = (*check_observers(options.get("observers", ())), order)
     with engine.connect() as connection:
         before = _snapshot(queue, connection)
     stats = queue.worker(_worker_factory(session_factory), **options).run(burst=True)
     with engine.connect() as connection:
         ran = _ran_since(queue, connection, before)
-    return DrainResult(tuple(ran), stats)
+    return DrainResult(tuple(order.sort(ran)), stats)
 
 
 # -- assert_enqueued --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EnqueuedJob:
-    """A job that was enqueued inside an :func:`assert_enqueued` block."""
-
-    id: int
-    task: str
-    args: list[Any]
-    kwargs: dict[str, Any]
-    queue_id: str | None
-    priority: int
-    scheduled_at: Any
-
-    def __str__(self) -> str:
-        """``#12 send_welcome(args=[1], kwargs={})``: for failure messages."""
-        return f"#{self.id} {self.task}(args={self.args!r}, kwargs={self.kwargs!r})"
-
-
-@dataclass
-class EnqueuedJobs:
-    """The jobs an :func:`assert_enqueued` block enqueued; filled when the block ends."""
-
-    #: Every job enqueued in the block (whatever its task), in id order.
-    all: list[EnqueuedJob] = field(default_factory=list)
-    #: The ones that matched ``task``, ``args`` and ``kwargs``.
-    matched: list[EnqueuedJob] = field(default_factory=list)
-
-    @property
-    def ids(self) -> list[int]:
-        """Ids of the matching jobs."""
-        return [job.id for job in self.matched]
-
-    def __len__(self) -> int:
-        """How many jobs matched."""
-        return len(self.matched)
-
-    def __iter__(self) -> Iterator[EnqueuedJob]:
-        """The matching jobs."""
-        return iter(self.matched)
-
-
-def _bind_parts(session: Session | Connection) -> tuple[Engine, Connection | None]:
-    """The engine behind ``session`` and, if it holds a transaction, the connection in it."""
-    if isinstance(session, Connection):
-        held = session if session.in_transaction() else None
-        return engine_with_options(session, "assert_enqueued"), held
-    bind = session.get_bind()
-    engine = bind.engine if isinstance(bind, Connection) else bind
-    if not isinstance(engine, Engine):
-        raise TypeError(f"assert_enqueued needs a session bound to an engine, got {bind!r}")
-    # Only reuse the session's connection when a transaction is open: asking for it
-    # otherwise would begin one behind the caller's back. The engine returned carries
-    # the execution options (a tenant's schema_translate_map) of what the session uses.
-    connection = session.connection() if session.in_transaction() else None
-    return engine_with_options(connection or bind, "assert_enqueued"), connection
-
-
-def _sequence_watermark(queue: Queue, engine: Engine) -> tuple[str, int]:
-    """The jobs id sequence's name and its last value, read outside any transaction.
-
-    A sequence is not transactional: every id handed out after this read is larger, even
-    one given to a transaction that was already open, which a ``max(id)`` would miss.
-    """
-    jobs = queue.tables.jobs
-    # The schema the engine's schema_translate_map (a tenant's) puts the table in.
-    schema = translated_schema(jobs.schema, engine.get_execution_options().get(TRANSLATE))
-    qualified = f"{schema}.{jobs.name}" if schema else jobs.name
-    with engine.connect() as connection:
-        sequence = connection.scalar(
-            text("SELECT pg_get_serial_sequence(:table, 'id')"), {"table": _quote(qualified)}
-        )
-        if sequence is None:
-            raise RuntimeError(f"{qualified}.id has no sequence: are the queue's tables created?")
-        last = connection.scalar(
-            text("SELECT pg_sequence_last_value(CAST(:seq AS regclass))"), {"seq": sequence}
-        )
-    return str(sequence), int(last or 0)
-
-
-def _quote(qualified: str) -> str:
-    return ".".join('"' + part.replace('"', '""') + '"' for part in qualified.split("."))
-
-
-def _read_enqueued(queue: Queue, connection: Connection, after_id: int) -> list[EnqueuedJob]:
-    jobs = queue.tables.jobs
-    rows = connection.execute(
-        select(
-            jobs.c.id,
-            jobs.c.task,
-            jobs.c.payload,
-            jobs.c.queue_id,
-            jobs.c.priority,
-            jobs.c.scheduled_at,
-        )
-        .where(jobs.c.id > after_id)
-        .order_by(jobs.c.id)
-    )
-    return [
-        EnqueuedJob(
-            id=row.id,
-            task=row.task,
-            args=list(row.payload.get("args", [])),
-            kwargs=dict(row.payload.get("kwargs", {})),
-            queue_id=row.queue_id,
-            priority=row.priority,
-            scheduled_at=row.scheduled_at,
-        )
-        for row in rows
-    ]
-
-
-def _describe_expectation(
-    task: str | None, count: int | None, args: Any, kwargs: Mapping[str, Any] | None
-) -> str:
-    what = f"job(s) of task {task!r}" if task is not None else "job(s)"
-    if args is not _UNSET:
-        what += f" with args {list(args)!r}"
-    if kwargs is not None:
-        what += f" with kwargs {dict(kwargs)!r}"
-    amount = "at least 1" if count is None else str(count)
-    return f"expected {amount} {what} enqueued in the block"
-
-
-def assert_enqueued(
-    queue: Queue,
-    session: Session | Connection,
-    *,
-    task: str | None = None,
-    count: int | None = None,
-    args: Sequence[Any] = _UNSET,
-    kwargs: Mapping[str, Any] | None = None,
-) -> contextlib.AbstractContextManager[EnqueuedJobs]:
-    """Check that the code in the ``with`` block enqueued the expected jobs.
-
-    ``with assert_enqueued(queue, session, task="send_welcome", kwargs={"user_id": 1}):``
-    fails with ``AssertionError`` at the end of the block unless it enqueued exactly
-    ``count`` matching jobs (at least one when ``count`` is not given; ``count=0`` asserts
-    that none was). The message lists every job the block enqueued.
-
-    The jobs are read from the jobs table at the end of the block, through ``session``'s
-    own transaction when one is open, so jobs it has not committed yet count, and jobs
-    of a transaction that rolled back inside the block do not. A job counts when its id
-    was handed out after the block began: jobs that other connections committed
-    meanwhile count too, so narrow with ``task=`` when something else enqueues.
-
-    Args:
-        queue: the application's queue.
-        session: the ``Session`` or ``Connection`` the code under test enqueues through.
-        task: only jobs of this task name match.
-        count: how many matching jobs there must be.
-        args: the matching jobs' positional arguments, exactly (as stored: JSON values).
-        kwargs: the matching jobs' keyword arguments, exactly.
-
-    Returns:
-        The context manager of the block, which yields an :class:`EnqueuedJobs`, filled
-        when the block ends, for further checks.
-
-    Raises:
-        TypeError, ValueError: at the call, before the block runs, for an expectation that
-            no job could meet: a ``count`` that is not a whole number from 0 (``1.5``,
-            ``True``, ``-1``), a ``task`` that is not a task name, ``args`` that are not a
-            list or tuple, ``kwargs`` that are not a mapping with string keys.
-    """
-    __tracebackhide__ = True  # pytest: show the test's line, not this helper's
-    _check_expectation(task, count, args, kwargs)
-    return _enqueued_block(queue, session, task=task, count=count, args=args, kwargs=kwargs)
-
-
-def _check_expectation(task: object, count: object, args: object, kwargs: object) -> None:
-    """Refuse what no enqueued job could match: the assertion would fail, or pass, for a
-    reason that has nothing to do with the code under test."""
-    if count is not None:
-        check_whole_number("assert_enqueued: count", count, 0, None)
-    if task is not None:
-        validate_task_name(task)  # type: ignore[arg-type]
-    if args is not _UNSET and not isinstance(args, list | tuple):
-        raise TypeError(
-            f"assert_enqueued: args must be a list or tuple of positional arguments, got {args!r}"
-        )
-    if kwargs is not None and (
-        not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs)
-    ):
-        raise TypeError(
-            f"assert_enqueued: kwargs must be a mapping of keyword arguments by name, "
-            f"got {kwargs!r}"
-        )
-
-
-@contextlib.contextmanager
-def _enqueued_block(
-    queue: Queue,
-    session: Session | Connection,
-    *,
-    task: str | None,
-    count: int | None,
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any] | None,
-) -> Iterator[EnqueuedJobs]:
-    __tracebackhide__ = True  # pytest: show the test's line, not this helper's
-    engine, _ = _bind_parts(session)
-    _, watermark = _sequence_watermark(queue, engine)
-    found = EnqueuedJobs()
-    yield found
-    engine, connection = _bind_parts(session)
-    if connection is not None:
-        found.all = _read_enqueued(queue, connection, watermark)
-    else:
-        with engine.connect() as own:
-            found.all = _read_enqueued(queue, own, watermark)
-    found.matched = [
-        job
-        for job in found.all
-        if (task is None or job.task == task)
-        and (args is _UNSET or job.args == list(args))
-        and (kwargs is None or job.kwargs == dict(kwargs))
-    ]
-    ok = len(found.matched) >= 1 if count is None else len(found.matched) == count
-    if not ok:
-        listed = "\n".join(f"  {job}" for job in found.all) or "  (none)"
-        raise AssertionError(
-            f"{_describe_expectation(task, count, args, kwargs)}, found "
-            f"{len(found.matched)}. Jobs enqueued in the block:\n{listed}"
-        )
-
-
-# -- eager ------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -499,6 +312,11 @@ class Eager:
     def failed(self) -> list[RanJob]:
         """The jobs with a failed attempt."""
         return [job for job in self.jobs if not job.ok]
+
+    def workflow(self, workflow: WorkflowHandle | int) -> dict[str, RanJob]:
+        """The nodes of ``workflow`` (its handle or id) that ran eagerly, by node name, in
+        the order they ran (see :meth:`DrainResult.workflow`)."""
+        return _nodes_of(self.jobs, workflow)
 
     def raise_failures(self) -> None:
         """Raise ``AssertionError`` naming each job whose attempt failed, with its error."""

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqla_queue.conversation import Step, Wait
+from sqla_queue.conversation import Flow, Step, Wait
 
 if TYPE_CHECKING:
     from sqla_queue.worker.handlers import RunningJob
@@ -39,6 +39,7 @@ __all__ = [
     "Stop",
     "Wait",
     "Work",
+    "atomic_unit",
     "claims",
 ]
 
@@ -92,7 +93,8 @@ Action = Flush | Claim | Maintain | Wait | Stop | Start
 class Work:
     """The I/O of one action, for a face to run: statements, then the decider takes over.
 
-    A face executes ``steps`` in order (inside one transaction when ``atomic``), hands the
+    A face executes ``steps`` in order (inside one transaction when ``atomic``), runs the
+    flow that ``follow`` makes of their rows, if any, in the same transaction, hands the
     rows of every step to ``done`` and dispatches the executions it returns. If anything
     fails it calls ``failed`` and lets the error propagate. Every unit the decider prepares is
     atomic and opens with the planner guard (see :mod:`sqla_queue.statements.planner`).
@@ -102,8 +104,34 @@ class Work:
     atomic: bool
     done: Callable[[list[Sequence[Any]]], list[RunningJob]]
     failed: Callable[[], None]
+    #: Read the steps' rows and say what else the transaction does before it commits (a
+    #: flow, or None): a flush of workflow nodes releases their dependents. A unit with a
+    #: ``follow`` sends its COMMIT after it.
+    follow: Callable[[list[Sequence[Any]]], Flow[Any] | None] | None = None
 
 
 def claims(action: Action) -> bool:
     """Whether ``action`` runs a claim (alone or after a flush)."""
     return isinstance(action, Claim) or (isinstance(action, Flush) and action.claim > 0)
+
+
+def atomic_unit(
+    guard: Any,
+    steps: list[Step],
+    done: Callable[[list[Sequence[Any]]], list[RunningJob]],
+    failed: Callable[[], None],
+    after_first: Callable[[Sequence[Any]], Flow[Any] | None] | None = None,
+) -> Work:
+    """One transaction: the planner ``guard``, then ``steps``. ``done`` sees their rows
+    only, and ``after_first`` (if given) the rows of the first step, before the commit."""
+    follow = None
+    if after_first is not None:
+        first = after_first
+        follow = lambda results: first(results[1])  # noqa: E731
+    return Work(
+        [Step(guard, {}), *steps],
+        True,
+        lambda results: done(results[1:]),
+        failed,
+        follow,
+    )

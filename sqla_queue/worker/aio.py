@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
+from sqla_queue.conversation import drive_async
 from sqla_queue.schema.verify import verify_schema
 from sqla_queue.worker.actions import Claim, Flush, Maintain, Start, Stop, Wait, Work
 from sqla_queue.worker.background import background_engine, capturing_connect_keywords
@@ -207,8 +208,13 @@ class AsyncWorker(WorkerBase):
                     await connection.exec_driver_sql("BEGIN")
                 for stmt, params in work.steps:
                     results.append((await connection.execute(stmt, params)).all())
-                if work.atomic:
+                if work.atomic and work.follow is None:
                     await connection.exec_driver_sql("COMMIT")
+            if work.follow is not None:
+                flow = work.follow(results)
+                if flow is not None:
+                    await drive_async(connection, flow)
+                await connection.exec_driver_sql("COMMIT")
         except BaseException:
             work.failed()
             raise
@@ -238,7 +244,7 @@ async def _execute_raw(
     results: list[Sequence[Any]] = []
     driver = (await connection.get_raw_connection()).driver_connection
     assert driver is not None, "the worker's connection is open"
-    steps = raw.render_steps(work.steps, atomic=work.atomic)
+    steps = raw.render_steps(work.steps, atomic=work.atomic, commit=work.follow is None)
     if raw.sends_together(steps, atomic=work.atomic):
         # BEGIN, the ack, the claim and COMMIT in one round trip instead of four.
         cursors = [AsyncRawCursor(driver, row_factory=namedtuple_row) for _ in steps]

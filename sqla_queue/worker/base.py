@@ -178,7 +178,13 @@ class WorkerBase:
             clock=decider.clock,
             record=decider.record,
             stop=lambda exc: decider.handler_raised(exc, time.monotonic()),
-            transaction=InTransaction(decider.guard, decider.complete_statement, decider.worker_id),
+            transaction=InTransaction(
+                decider.guard,
+                decider.complete_statement,
+                decider.worker_id,
+                self.plan.workflows,
+                self.plan.tables,
+            ),
             settle=decider.settled,
             observer=combine_observers(self.settings.observers)
             if self.settings.observers
@@ -213,6 +219,7 @@ class WorkerBase:
                 session_factory=self.session_factory,
                 stop_flag=decider.stop_flag,
                 read_session_factory=self.read_session_factory,
+                workflows=self.plan.workflows if job.workflow else None,
             )
 
         return make

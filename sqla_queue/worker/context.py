@@ -6,12 +6,19 @@ import asyncio
 import threading
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import ExceptionContext
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
+
+from sqla_queue.spec import JobSpec
+from sqla_queue.statements.workflows import parent_results_statement
+from sqla_queue.workflows.graph import Expansion, dump_node_rows, node_rows
+from sqla_queue.workflows.results import parent_results_of
+from sqla_queue.workflows.write import WorkflowWriter
 
 __all__ = ["JobContext"]
 
@@ -41,6 +48,7 @@ class JobContext(Generic[S]):
         session_factory: Callable[[], S],
         stop_flag: threading.Event,
         read_session_factory: Callable[[], S] | None = None,
+        workflows: WorkflowWriter | None = None,
     ) -> None:
         self.job_id = job_id
         self.task = task
@@ -62,6 +70,85 @@ class JobContext(Generic[S]):
         # may catch (see _watch_errors); None for the others.
         self._errors: _ErrorWatch | None = None
         self._watch_errors = False
+        # The queue's workflows when this job is a workflow's node, else None.
+        self._workflows = workflows
+        self._parent_results: dict[str, Any] | None = None
+        self._expansion: Expansion | None = None
+
+    # -- workflows ---------------------------------------------------------------------
+
+    @property
+    def in_workflow(self) -> bool:
+        """Whether this job is a node of a workflow."""
+        return self._workflows is not None
+
+    def _writer(self, what: str) -> WorkflowWriter:
+        if self._workflows is None:
+            raise RuntimeError(
+                f"{what} is for a workflow's nodes; job {self.job_id} ({self.task}) is not one "
+                "(enqueue it in a Workflow, or queue.chain(...) it)"
+            )
+        return self._workflows
+
+    @property
+    def parent_results(self) -> dict[str, Any]:
+        """``{parent's node name: its result}``, in the order the parents were added.
+
+        A parent that failed or was cancelled appears as a
+        :class:`~sqla_queue.workflows.ParentError` (only a node whose policy lets it run
+        then sees one). Read once, through :attr:`session`; an ``AsyncSession`` reads with
+        ``await ctx.fetch_parent_results()`` instead.
+        """
+        if self._parent_results is None:
+            writer = self._writer("ctx.parent_results")
+            session = self.session
+            if not isinstance(session, Session):
+                raise RuntimeError(
+                    "ctx.parent_results reads through a sync session; with an AsyncSession, "
+                    "use: results = await ctx.fetch_parent_results()"
+                )
+            statement = parent_results_statement(writer.tables)
+            rows = session.execute(statement, {"job_id": self.job_id}).all()
+            self._parent_results = parent_results_of(rows)
+        return self._parent_results
+
+    async def fetch_parent_results(self) -> dict[str, Any]:
+        """:attr:`parent_results`, read through an ``AsyncSession`` (or a sync one)."""
+        if self._parent_results is None:
+            writer = self._writer("ctx.fetch_parent_results()")
+            session: Any = self.session
+            statement = parent_results_statement(writer.tables)
+            params = {"job_id": self.job_id}
+            if isinstance(session, AsyncSession):
+                rows = (await session.execute(statement, params)).all()
+            else:
+                rows = session.execute(statement, params).all()
+            self._parent_results = parent_results_of(rows)
+        return self._parent_results
+
+    def expand(self, calls: Iterable[JobSpec], *, then: JobSpec | None = None) -> None:
+        """Add ``calls`` to this job's workflow, to run after it, and ``then`` after them.
+
+        The new nodes are written with this job's completion, in its transaction: if the
+        job does not succeed, or its completion is fenced off (its execution was reclaimed),
+        none of them exist. This job's own dependents then wait for ``then`` (or, without
+        it, for every call). Every call is checked here; a bad one raises now. Once per
+        attempt.
+        """
+        writer = self._writer("ctx.expand")
+        if self._expansion is not None:
+            raise RuntimeError("ctx.expand may be called once per attempt")
+        expansion = Expansion(tuple(calls), then)
+        if not expansion.calls and then is None:
+            raise ValueError("ctx.expand needs at least one call, or then=")
+        # Checked now, so that a bad call fails this attempt, not its completion.
+        dump_node_rows(node_rows(expansion.workflow(), writer.defaults))
+        self._expansion = expansion
+
+    @property
+    def expansion(self) -> Expansion | None:
+        """What :meth:`expand` asked for in this attempt, if anything."""
+        return self._expansion
 
     @property
     def session(self) -> S:

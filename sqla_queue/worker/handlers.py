@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from sqla_queue.conversation import drive, drive_async
 from sqla_queue.instrumentation import WorkerObserver, combine_observers, job_log_fields
 from sqla_queue.logic.outcomes import (
     ClaimedJob,
@@ -370,6 +371,9 @@ class HandlerRunner:
                 rows = session.execute(statement, params).all()
             applied = self.transaction.applied(rows, running.job.id)
             if applied:
+                flow = self.transaction.after(running.job, running.context)
+                if flow is not None:
+                    drive(session.connection(), flow)
                 session.commit()
             else:
                 session.rollback()
@@ -398,6 +402,9 @@ class HandlerRunner:
                 rows = (await session.execute(statement, params)).all()
             applied = self.transaction.applied(rows, running.job.id)
             if applied:
+                flow = self.transaction.after(running.job, running.context)
+                if flow is not None:
+                    await drive_async(await session.connection(), flow)
                 await session.commit()
             else:
                 await session.rollback()

@@ -85,6 +85,9 @@ class WorkerPlan:
     schedules: tuple[Any, ...] = ()
     #: The queue's daemons (:class:`sqla_queue.daemons.DaemonSpec`), run beside the jobs.
     daemons: tuple[Any, ...] = ()
+    #: The queue's :class:`~sqla_queue.workflows.WorkflowWriter`: a workflow node's
+    #: completion releases its dependents and writes its expansion through it.
+    workflows: Any = None
 
     def __post_init__(self) -> None:
         if not self.tasks:

@@ -106,15 +106,20 @@ class RawStatements:
         return RenderedStatement(template.sql, args)
 
     def render_steps(
-        self, steps: Sequence[tuple[Any, Mapping[str, Any]]], *, atomic: bool
+        self,
+        steps: Sequence[tuple[Any, Mapping[str, Any]]],
+        *,
+        atomic: bool,
+        commit: bool = True,
     ) -> list[tuple[RenderedStatement, bool]]:
         """Every statement of a unit of work, each with whether its rows are wanted.
 
-        An ``atomic`` unit is wrapped in BEGIN and COMMIT, whose rows nobody wants.
+        An ``atomic`` unit is wrapped in BEGIN and COMMIT, whose rows nobody wants; without
+        ``commit``, the face sends the COMMIT itself, after what follows the steps.
         """
         rendered = [(self.render(stmt, params), True) for stmt, params in steps]
         if atomic:
-            return [(_BEGIN, False), *rendered, (_COMMIT, False)]
+            return [(_BEGIN, False), *rendered, *([(_COMMIT, False)] if commit else [])]
         return rendered
 
     def sends_together(self, steps: Sequence[object], *, atomic: bool) -> bool:

@@ -19,9 +19,11 @@ from sqlalchemy.exc import PendingRollbackError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from sqla_queue._sqlstate import sqlstate_of
+from sqla_queue.conversation import Flow
 from sqla_queue.instrumentation import job_log_fields
 from sqla_queue.logic.outcomes import ClaimedJob, Outcome, OutcomeKind, outcomes_json
 from sqla_queue.worker.context import JobContext
+from sqla_queue.worker.decider.nodes import node_completion_flow
 from sqla_queue.worker.failures import database_message
 from sqla_queue.worker.plan import WorkerPlan
 
@@ -108,6 +110,9 @@ class InTransaction:
     guard: Any
     statement: Any
     worker_id: uuid.UUID
+    #: The plan's workflows and tables: a node's completion releases its dependents too.
+    workflows: Any = None
+    tables: Any = None
 
     #: The outcomes committed with the handler's writes: those of a handler that returned
     #: (a success, or a ``Reschedule`` it returned). Any other outcome rolls them back.
@@ -117,6 +122,15 @@ class InTransaction:
         """The two statements to run in the handler's transaction, with parameters."""
         params = {"outcomes": outcomes_json([outcome]), "worker": self.worker_id}
         return [(self.guard, {}), (self.statement, params)]
+
+    def after(self, job: ClaimedJob, context: JobContext[Any]) -> Flow[Any] | None:
+        """What a node's applied completion does next in the handler's transaction: write
+        its expansion, release its dependents. None for a job that is not a node."""
+        if not job.workflow or self.workflows is None:
+            return None
+        expansion = context.expansion
+        expansions = {job.id: expansion} if expansion is not None else {}
+        return node_completion_flow(self.workflows, self.tables, [job.id], expansions)
 
     @staticmethod
     def applied(rows: Sequence[Any], job_id: int) -> bool:

@@ -13,6 +13,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from sqla_queue.conversation import drive
 from sqla_queue.schema.verify import verify_schema
 from sqla_queue.worker.actions import Claim, Flush, Maintain, Start, Stop, Wait, Work
 from sqla_queue.worker.base import RunStats, WorkerBase, bound_engine
@@ -164,8 +165,13 @@ class Worker(WorkerBase):
                 if work.atomic:
                     connection.exec_driver_sql("BEGIN")
                 results = [connection.execute(stmt, params).all() for stmt, params in work.steps]
-                if work.atomic:
+                if work.atomic and work.follow is None:
                     connection.exec_driver_sql("COMMIT")
+            if work.follow is not None:
+                flow = work.follow(results)
+                if flow is not None:
+                    drive(connection, flow)
+                connection.exec_driver_sql("COMMIT")
         except BaseException:
             work.failed()
             raise
@@ -196,7 +202,7 @@ def _execute_raw(connection: Connection, raw: RawStatements, work: Work) -> list
     results: list[Sequence[Any]] = []
     driver = connection.connection.driver_connection
     assert driver is not None, "the worker's connection is open"
-    steps = raw.render_steps(work.steps, atomic=work.atomic)
+    steps = raw.render_steps(work.steps, atomic=work.atomic, commit=work.follow is None)
     if raw.sends_together(steps, atomic=work.atomic):
         # BEGIN, the ack, the claim and COMMIT in one round trip instead of four.
         cursors = [RawCursor(driver, row_factory=namedtuple_row) for _ in steps]

@@ -254,3 +254,45 @@ def test_click_through_actions_and_screenshots(
     assert "paused" in row.find_element(By.CSS_SELECTOR, "td.task-state").text
     with pytest.raises(NoAlertPresentException):
         browser.switch_to.alert.text  # noqa: B018
+
+
+def test_workflow_graph_is_visible_and_its_nodes_link_to_jobs(
+    engine: Engine, server: str, browser: Any, shots: Path
+) -> None:
+    from sqlalchemy.orm import sessionmaker
+
+    from sqla_queue.workflows import Workflow
+    from tests.support.workflow_app import wf_fail, wf_value
+
+    wf = Workflow("checkout")
+    paid = wf.add(wf_value.call("paid"), name="charge")
+    bad = wf.add(wf_fail.call("out of stock"), name="reserve")
+    wf.add(wf_value.call("sent"), after=[paid, bad], name="ship")
+    factory = sessionmaker(engine)
+    with factory.begin() as session:
+        handle = wf.enqueue(session)
+    queue.worker(factory, concurrency=2).run(burst=True)
+
+    browser.get(f"{server}/workflows")
+    browser.find_element(By.CSS_SELECTOR, f'tr[data-workflow="{handle.id}"] a').click()
+    WebDriverWait(browser, 10).until(lambda d: d.find_elements(By.ID, "workflow-graph"))
+    graph = browser.find_element(By.ID, "workflow-graph")
+    assert graph.is_displayed() and graph.size["width"] > 300
+    nodes = browser.find_elements(By.CSS_SELECTOR, "#workflow-graph g.node")
+    assert {n.get_attribute("data-node") for n in nodes} == {"charge", "reserve", "ship"}
+    # Filled by state: the failed node and its cancelled dependent differ from the rest.
+    fills = {
+        n.get_attribute("data-node"): browser.execute_script(
+            "return getComputedStyle(arguments[0].querySelector('rect')).fill", n
+        )
+        for n in nodes
+    }
+    assert len(set(fills.values())) == 3, fills
+    _fits_and_shot(browser, shots, "workflow", 700)
+
+    browser.find_element(By.CSS_SELECTOR, 'g.node[data-node="ship"]').click()
+    job = handle.jobs["ship"]
+    WebDriverWait(browser, 10).until(lambda d: d.current_url.endswith(f"/jobs/{job}"))
+    assert browser.find_element(By.ID, "job-state").text == "cancelled"
+    link = browser.find_element(By.CSS_SELECTOR, "#job-workflow a")
+    assert link.text == f"workflow {handle.id}"

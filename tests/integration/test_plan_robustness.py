@@ -23,17 +23,25 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, create_engine, insert, text
+from sqlalchemy import Connection, Engine, create_engine, insert, select, text
 from sqlalchemy.dialects import postgresql
 
 from sqla_queue import statements
 from sqla_queue.enqueue import prepare_rows
 from sqla_queue.logic.outcomes import Outcome, OutcomeKind
+from sqla_queue.statements import release
 from sqla_queue.statements.controls import rate_lock_statement
 from sqla_queue.testing.databases import DatabaseFactory
 from sqla_queue.worker.raw import RawStatements
 from tests.support.app import keyed, queue
-from tests.support.robustness import explain_analyze, grow, seed_fixtures, violations
+from tests.support.robustness import (
+    WIDE_CHORD,
+    explain_analyze,
+    grow,
+    seed_fixtures,
+    seed_workflow,
+    violations,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +52,29 @@ TABLES = queue.tables
 EXECUTIONS = TABLES.executions.name
 RAW = RawStatements(postgresql.psycopg.dialect())  # type: ignore[no-untyped-call]
 ENQUEUE = statements.enqueue_statement(TABLES, notify=True)
+ADVANCE = release.advance_statement(TABLES, notify=True)
+DECIDE = release.decide_statement(TABLES, notify=True)
+#: The tables whose plans must stay bounded by the batch.
+WATCHED = (
+    EXECUTIONS,
+    TABLES.workflow_edges.name,
+    TABLES.workflow_nodes.name,
+)
+
+
+def _wide_chord(conn: Connection) -> tuple[int, int]:
+    """The seeded wide chord's open child in the middle, and its callback."""
+    nodes = TABLES.workflow_nodes
+    found = dict(
+        conn.execute(
+            select(nodes.c.name, nodes.c.job_id).where(
+                nodes.c.name.in_([f"c{WIDE_CHORD // 2}", "callback"])
+            )
+        ).all()
+    )
+    return found[f"c{WIDE_CHORD // 2}"], found["callback"]
+
+
 STATEMENTS = (
     "plain claim",
     "limited claim",
@@ -55,6 +86,8 @@ STATEMENTS = (
     "cleanup sweep",
     "orphan sweep",
     "keyed enqueue",
+    "workflow release",
+    "workflow decision",
 )
 STATES = (
     "never analyzed, 100k",
@@ -97,7 +130,10 @@ def _measure(engine: Engine) -> dict[tuple[str, bool], list[str]]:
         ) -> None:
             rendered = RAW.render(statement, params)
             plan = explain_analyze(conn, rendered.sql, rendered.args, generic=generic)
-            found[(name, generic)] = violations(plan, EXECUTIONS)
+            # The workflow tables too: a release must not walk a wide fan-in.
+            found[(name, generic)] = [
+                problem for table in WATCHED for problem in violations(plan, table)
+            ]
 
         with engine.connect() as conn:
             conn.exec_driver_sql(guard.sql)
@@ -161,6 +197,18 @@ def _measure(engine: Engine) -> dict[tuple[str, bool], list[str]]:
                 conn,
             )
             conn.rollback()
+            # A workflow's release, as a completion sends it: one child of the wide chord
+            # ended (its edge marked, its callback probed), then the callback decided.
+            child, callback = _wide_chord(conn)
+            conn.exec_driver_sql(guard.sql)
+            conn.execute(
+                text(f"UPDATE {TABLES.jobs.fullname} SET status = 'succeeded' WHERE id = :id"),
+                {"id": child},
+            )
+            run("workflow release", ADVANCE, {"ids": [child]}, conn)
+            conn.execute(release.lock_nodes_statement(TABLES), {"ids": [callback]})
+            run("workflow decision", DECIDE, {"ids": [callback]}, conn)
+            conn.rollback()
             # The enqueue runs in the application's own transaction, without the guard: a
             # job for the hot key finds the key's first active row by an ordered walk.
             spec = keyed.options(queue_id="hot").call(key="hot", seq=0)
@@ -174,7 +222,7 @@ def _fresh(db_factory: DatabaseFactory, template_db: str) -> tuple[str, Engine]:
     url = db_factory.clone(template_db)
     engine = create_engine(url)
     with engine.begin() as conn:
-        for table in (TABLES.jobs, TABLES.executions):
+        for table in (TABLES.jobs, TABLES.executions, TABLES.workflow_edges, TABLES.workflow_nodes):
             # Nothing may analyze behind the test's back.
             conn.execute(text(f"ALTER TABLE {table.fullname} SET (autovacuum_enabled = off)"))
             # Millions of rows without WAL: the plans are the same, and the server is not
@@ -188,6 +236,8 @@ def _analyze(engine: Engine) -> None:
         conn.execution_options(isolation_level="AUTOCOMMIT")
         conn.execute(text(f"ANALYZE {TABLES.jobs.fullname}"))
         conn.execute(text(f"ANALYZE {TABLES.executions.fullname}"))
+        conn.execute(text(f"ANALYZE {TABLES.workflow_edges.fullname}"))
+        conn.execute(text(f"ANALYZE {TABLES.workflow_nodes.fullname}"))
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +252,7 @@ def results(
         urls.append(url)
         with engine.begin() as conn:
             seed_fixtures(conn, TABLES)
+            seed_workflow(conn, TABLES)
             grow(conn, TABLES, 100_000)
         measured[STATES[0]] = _measure(engine)
         engine.dispose()
@@ -214,6 +265,7 @@ def results(
             with engine.begin() as conn:
                 if total == 0:
                     seed_fixtures(conn, TABLES)
+                    seed_workflow(conn, TABLES)
                 grow(conn, TABLES, size - total)
             total = size
             measured[state] = _measure(engine)

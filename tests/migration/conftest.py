@@ -171,6 +171,12 @@ def v4_history_project(tmp_path: Path, empty_db_url: str) -> HostProject:
 
 
 @pytest.fixture
+def v5_history_project(tmp_path: Path, empty_db_url: str) -> HostProject:
+    """The host's history as it was while schema version 5 was the newest (up to 0006)."""
+    return write_project(tmp_path / "project", empty_db_url, with_history=True, until="0006")
+
+
+@pytest.fixture
 def new_db(db_factory: DatabaseFactory) -> Iterator[Callable[[], str]]:
     """Make extra empty databases within one test; all are dropped afterwards."""
     made: list[str] = []

@@ -139,6 +139,9 @@ def test_the_guide_works_as_written(tmp_path: Path, empty_db_url: str) -> None:
             "sqla_queue_schedules",
             "sqla_queue_daemons",
             "sqla_queue_workers",
+            "sqla_queue_workflows",
+            "sqla_queue_workflow_nodes",
+            "sqla_queue_workflow_edges",
         }
     _shell("alembic downgrade -1", project, empty_db_url)
     with engine.connect() as connection:
@@ -181,5 +184,8 @@ def test_the_guide_works_as_written(tmp_path: Path, empty_db_url: str) -> None:
             "sqla_queue_schedules",
             "sqla_queue_daemons",
             "sqla_queue_workers",
+            "sqla_queue_workflows",
+            "sqla_queue_workflow_nodes",
+            "sqla_queue_workflow_edges",
         }
     engine.dispose()

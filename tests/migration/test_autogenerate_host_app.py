@@ -79,6 +79,9 @@ def test_autogenerate_renders_the_queue_op_and_upgrade_builds_the_create_all_sch
         "sqla_queue_schedules",
         "sqla_queue_daemons",
         "sqla_queue_workers",
+        "sqla_queue_workflows",
+        "sqla_queue_workflow_nodes",
+        "sqla_queue_workflow_edges",
     }
     with engine.connect() as connection:
         queue.verify(connection)

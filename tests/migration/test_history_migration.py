@@ -2,9 +2,11 @@
 
 * ``op.create_queue(..., history="partitioned")`` makes what ``Queue(history="partitioned")``
   verifies, and autogenerate writes it for such a queue, leaving the time partitions alone.
-* ``op.partition_history`` converts a plain version-5 queue holding jobs: every row, the
+* ``op.partition_history`` converts a plain queue holding jobs: every row, the
   next id and the grants carry over, finished jobs then move into time partitions with
   ``maintain --backfill``; ``op.unpartition_history`` goes back, and a plain model verifies.
+* A queue partitioned at version 5 is still partitioned after the step to version 6, which
+  leaves the jobs table alone.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 import alembic_ext  # noqa: F401  (registers the operations)
-from alembic_ext import CreateQueueOp, PartitionHistoryOp, UnpartitionHistoryOp
+from alembic_ext import CreateQueueOp, PartitionHistoryOp, UnpartitionHistoryOp, UpgradeQueueOp
+from alembic_ext.versions import LATEST_VERSION
 from sqla_queue import Queue
 from sqla_queue.history import maintain_history
 from tests.migration.conftest import engine_for
@@ -77,11 +80,26 @@ def counts(connection: Connection) -> dict[str, int]:
 def test_create_queue_partitioned_is_what_the_model_verifies(engine: Engine) -> None:
     queue = queue_for("partitioned")
     with engine.begin() as connection:
-        apply(connection, CreateQueueOp(None, PREFIX, version=5, history="partitioned"))
+        apply(
+            connection, CreateQueueOp(None, PREFIX, version=LATEST_VERSION, history="partitioned")
+        )
     with engine.connect() as connection:
         queue.verify(connection)
         with pytest.raises(Exception, match=f"{PREFIX}jobs_pkey"):
             queue_for("plain").verify(connection)
+
+
+def test_a_queue_partitioned_at_version_5_stays_partitioned_through_the_step_to_6(
+    engine: Engine,
+) -> None:
+    with engine.begin() as connection:
+        apply(connection, CreateQueueOp(None, PREFIX, version=5, history="partitioned"))
+        fill(connection)
+        before = counts(connection)
+        apply(connection, UpgradeQueueOp(5, 6, None, PREFIX))
+    with engine.connect() as connection:
+        queue_for("partitioned").verify(connection)
+        assert counts(connection) == before
 
 
 def test_autogenerate_writes_the_layout_and_leaves_time_partitions_alone(engine: Engine) -> None:
@@ -90,7 +108,7 @@ def test_autogenerate_writes_the_layout_and_leaves_time_partitions_alone(engine:
     Table("accounts", metadata, Column("id", Integer, primary_key=True))
     with engine.connect() as connection:
         ops = autogenerate(connection, metadata)
-    assert ops[0] == CreateQueueOp(None, PREFIX, version=5, history="partitioned")
+    assert ops[0] == CreateQueueOp(None, PREFIX, version=LATEST_VERSION, history="partitioned")
     with engine.begin() as connection:
         apply(connection, ops[0])
         maintain_history(connection, queue.tables, ahead=2)
@@ -104,7 +122,7 @@ def test_autogenerate_writes_the_layout_and_leaves_time_partitions_alone(engine:
 def test_partition_history_carries_rows_ids_and_grants_and_goes_back(engine: Engine) -> None:
     role = f"hm_app_{uuid.uuid4().hex[:8]}"
     with engine.begin() as connection:
-        apply(connection, CreateQueueOp(None, PREFIX, version=5))
+        apply(connection, CreateQueueOp(None, PREFIX, version=LATEST_VERSION))
         fill(connection)
         connection.execute(text(f"CREATE ROLE {role}"))
         connection.execute(text(f"GRANT SELECT, INSERT ON {PREFIX}jobs TO {role}"))
@@ -112,7 +130,7 @@ def test_partition_history_carries_rows_ids_and_grants_and_goes_back(engine: Eng
         last_id = connection.scalar(text(f"SELECT max(id) FROM {PREFIX}jobs"))
     try:
         with engine.begin() as connection:
-            apply(connection, PartitionHistoryOp(None, PREFIX, version=5))
+            apply(connection, PartitionHistoryOp(None, PREFIX, version=LATEST_VERSION))
         partitioned = queue_for("partitioned")
         with engine.begin() as connection:
             partitioned.verify(connection)
@@ -132,7 +150,7 @@ def test_partition_history_carries_rows_ids_and_grants_and_goes_back(engine: Eng
         with engine.begin() as connection:
             pruned = partitioned.prune(connection, older_than=dt.timedelta(days=10))
             assert pruned == 0
-            apply(connection, UnpartitionHistoryOp(None, PREFIX, version=5))
+            apply(connection, UnpartitionHistoryOp(None, PREFIX, version=LATEST_VERSION))
         with engine.begin() as connection:
             queue_for("plain").verify(connection)
             after = counts(connection)

@@ -58,6 +58,9 @@ QUEUE_TABLES = (
     "schedules",
     "daemons",
     "workers",
+    "workflows",
+    "workflow_nodes",
+    "workflow_edges",
 )
 SUCCEEDED = [["succeeded", 2], ["succeeded", 4]]
 

@@ -3,7 +3,7 @@
 Fed to psql on an empty database, the script builds the same schema as an online
 ``alembic upgrade head``, and the same queue as ``queue.create_all``: for a project that
 creates the latest version at once, and for one whose history creates version 1 and then
-steps to 2, to 3, to 4 and to 5.
+steps to 2, to 3, to 4, to 5 and to 6.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ QUEUE_TABLES = (
     "sqla_queue_schedules",
     "sqla_queue_daemons",
     "sqla_queue_workers",
+    "sqla_queue_workflows",
+    "sqla_queue_workflow_nodes",
+    "sqla_queue_workflow_edges",
 )
 
 
@@ -61,7 +64,7 @@ def _assert_same_schemas(project: HostProject, by_psql: str, create_all_snapshot
     assert differences(schema_snapshot(by_psql), create_all_snapshot) == []
 
 
-def test_offline_script_of_the_history_steps_from_version_1_to_2_to_3_to_4_to_5(
+def test_offline_script_of_the_history_steps_from_version_1_to_2_to_3_to_4_to_5_to_6(
     history_project: HostProject, new_db: Callable[[], str], create_all_snapshot: Snapshot
 ) -> None:
     script, by_psql = _run_offline_script(history_project, new_db)
@@ -85,8 +88,14 @@ def test_offline_script_of_the_history_steps_from_version_1_to_2_to_3_to_4_to_5(
         "ON work.sqla_queue_job_executions (task) WHERE state = 'waiting';"
     )
     now_v5 = "COMMENT ON TABLE work.sqla_queue_job_executions IS 'sqla_queue schema version 5';"
+    workflows_table = "CREATE TABLE work.sqla_queue_workflows ("
+    stepped_to_6 = (
+        "ALTER TABLE work.sqla_queue_job_executions "
+        "ADD COLUMN workflow BOOLEAN DEFAULT false NOT NULL;"
+    )
+    now_v6 = "COMMENT ON TABLE work.sqla_queue_job_executions IS 'sqla_queue schema version 6';"
     # 0002 creates version 1 as released; 0003 then steps it to version 2, 0004 to 3, 0005
-    # to 4 and 0006 to 5.
+    # to 4, 0006 to 5 and 0007 to 6.
     assert (
         script.index(created_v1)
         < script.index(stepped)
@@ -100,9 +109,12 @@ def test_offline_script_of_the_history_steps_from_version_1_to_2_to_3_to_4_to_5(
         < script.index(daemons_table)
         < script.index(waiting_index)
         < script.index(now_v5)
+        < script.index(workflows_table)
+        < script.index(stepped_to_6)
+        < script.index(now_v6)
     )
     last_comment = script.rindex("COMMENT ON TABLE work.sqla_queue_job_executions")
-    assert last_comment == script.index(now_v5)
+    assert last_comment == script.index(now_v6)
     _assert_same_schemas(history_project, by_psql, create_all_snapshot)
 
 

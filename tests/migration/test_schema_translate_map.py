@@ -41,6 +41,9 @@ QUEUE_TABLES = {
     "sqla_queue_schedules",
     "sqla_queue_daemons",
     "sqla_queue_workers",
+    "sqla_queue_workflows",
+    "sqla_queue_workflow_nodes",
+    "sqla_queue_workflow_edges",
 }
 
 

@@ -118,17 +118,26 @@ def test_a_database_without_the_queue_names_every_table_and_the_fix(
     assert "table work.sqla_queue_schedules" in message
     assert "table work.sqla_queue_daemons" in message
     assert "table work.sqla_queue_workers" in message
+    assert "table work.sqla_queue_workflows" in message
+    assert "table work.sqla_queue_workflow_nodes" in message
+    assert "table work.sqla_queue_workflow_edges" in message
     assert "alembic upgrade head" in message
-    assert len(refused.value.missing) == 9  # one line per table, not one per column
+    assert len(refused.value.missing) == 12  # one line per table, not one per column
 
 
-# A job as every release up to version 4 wrote it (the columns they all have).
+# A job as every release up to version 5 wrote it (the columns they all have).
 _OLD_RELEASE_ENQUEUE = text(
     "WITH job AS (INSERT INTO work.sqla_queue_jobs (task, payload, max_attempts, scheduled_at) "
     """VALUES ('mail_invoice', '{"args": [7], "kwargs": {}}', 1, now()) RETURNING id, task) """
     "INSERT INTO work.sqla_queue_job_executions (id, task, priority, execute_at) "
     "SELECT id, task, 0, now() FROM job RETURNING id"
 )
+_ADDED_BY_VERSION_6 = [
+    "column work.sqla_queue_job_executions.workflow",
+    "table work.sqla_queue_workflow_edges (with its columns, indexes and constraints)",
+    "table work.sqla_queue_workflow_nodes (with its columns, indexes and constraints)",
+    "table work.sqla_queue_workflows (with its columns, indexes and constraints)",
+]
 _ADDED_BY_VERSION_5 = [
     "index work.sqla_queue_job_executions_task_waiting_ix (on sqla_queue_job_executions)",
     "table work.sqla_queue_daemons (with its columns, indexes and constraints)",
@@ -172,13 +181,24 @@ _ADDED_BY_VERSION_2 = [
                 + _ADDED_BY_VERSION_3
                 + _ADDED_BY_VERSION_4
                 + _ADDED_BY_VERSION_5
+                + _ADDED_BY_VERSION_6
             ),
         ),
-        ("0003", 2, sorted(_ADDED_BY_VERSION_3 + _ADDED_BY_VERSION_4 + _ADDED_BY_VERSION_5)),
-        ("0004", 3, sorted(_ADDED_BY_VERSION_4 + _ADDED_BY_VERSION_5)),
-        ("0005", 4, _ADDED_BY_VERSION_5),
+        (
+            "0003",
+            2,
+            sorted(
+                _ADDED_BY_VERSION_3
+                + _ADDED_BY_VERSION_4
+                + _ADDED_BY_VERSION_5
+                + _ADDED_BY_VERSION_6
+            ),
+        ),
+        ("0004", 3, sorted(_ADDED_BY_VERSION_4 + _ADDED_BY_VERSION_5 + _ADDED_BY_VERSION_6)),
+        ("0005", 4, sorted(_ADDED_BY_VERSION_5 + _ADDED_BY_VERSION_6)),
+        ("0006", 5, _ADDED_BY_VERSION_6),
     ],
-    ids=["version-1", "version-2", "version-3", "version-4"],
+    ids=["version-1", "version-2", "version-3", "version-4", "version-5"],
 )
 def test_a_worker_refuses_an_older_database_and_names_the_step(
     history_project: HostProject, revision: str, old_version: int, missing: list[str]

@@ -1,4 +1,4 @@
-"""A live install moved from schema version 1 to 2, 3, 4 and 5 with Alembic, mid-flight.
+"""A live install moved from schema version 1 to 2, 3, 4, 5 and 6 with Alembic, mid-flight.
 
 The host app's history up to revision 0002 created the queue at version 1. Workers of the
 version-1 release (``tests/migration/v1_worker``: that release's own claim and completion
@@ -27,22 +27,33 @@ releases are still running, and:
 
 The version-4 release then deploys: its producers write the columns version 4 added (a job
 awaited by a caller, jobs linked to an invoice, a unique job with its key), and its workers
-(``tests/migration/v4_worker``) run jobs too. The library is upgraded to the version-5
-release: autogenerate writes the step from 4 to 5, exactly as committed in revision 0006,
-``alembic upgrade head`` runs it while the executions of all four old releases are still
-running, and:
+(``tests/migration/v4_worker``) run jobs too. The committed revision 0006 steps the queue to
+version 5 while the executions of all four old releases are still running, and:
 
-* the worker's schema check lists exactly what version 5 adds before the step, and nothing
-  after it;
+* the worker's schema check lists exactly what version 6 adds after the step;
 * every row survives the step unchanged (it adds tables and an index, no column), unique
   keys included, and the new tables start empty;
 * the old workers keep going: versions 1, 3 and 4 claim and complete with their own SQL
   after it, a version-4 completion still notifies the caller awaiting its job, and a
+  version-2 worker still claims nothing out of turn.
+
+The version-5 release then deploys: its producers enqueue urgent mails (one awaited by a
+caller), and its workers (``tests/migration/v5_worker``) run them. The library is upgraded
+to the version-6 release: autogenerate writes the step from 5 to 6, exactly as committed in
+revision 0007, ``alembic upgrade head`` runs it while the executions of all five old
+releases are still running, and:
+
+* the worker's schema check lists nothing after the step;
+* every row survives the step unchanged but for the new ``workflow`` column, false in every
+  execution, unique keys included, and the new tables start empty;
+* the old workers keep going: versions 1, 3, 4 and 5 claim and complete with their own SQL
+  after it, a version-5 completion still notifies the caller awaiting its job, an
+  execution a version-5 producer writes after the step is no workflow node, and a
   version-2 worker still claims nothing out of turn;
-* the count gate covers the slot-less executions of the version-1 workers, so a version-5
+* the count gate covers the slot-less executions of the version-1 workers, so a version-6
   worker stays within the task's limit of 2 while they run, and takes capacity slots once
   they are done;
-* a version-5 worker never runs a key while a version-2 worker holds it, promotes (by its
+* a version-6 worker never runs a key while a version-2 worker holds it, promotes (by its
   sweep) the waiting job whose predecessor a version-2 worker finished, runs each key's
   jobs one at a time in ``(execute_at, id)`` order, and drains everything else, including
   an execution of a dead version-1 worker and a job the version-4 release enqueued.
@@ -71,6 +82,7 @@ from tests.migration.v1_worker import V1Worker
 from tests.migration.v2_worker import V2Worker
 from tests.migration.v3_worker import V3Worker
 from tests.migration.v4_worker import V4Worker
+from tests.migration.v5_worker import V5Worker
 
 pytestmark = pytest.mark.migration
 
@@ -78,6 +90,7 @@ COMMITTED_0003 = HOSTAPP_MIGRATIONS / "versions" / "0003_upgrade_sqla_queue_to_v
 COMMITTED_0004 = HOSTAPP_MIGRATIONS / "versions" / "0004_upgrade_sqla_queue_to_v3.py"
 COMMITTED_0005 = HOSTAPP_MIGRATIONS / "versions" / "0005_upgrade_sqla_queue_to_v4.py"
 COMMITTED_0006 = HOSTAPP_MIGRATIONS / "versions" / "0006_upgrade_sqla_queue_to_v5.py"
+COMMITTED_0007 = HOSTAPP_MIGRATIONS / "versions" / "0007_upgrade_sqla_queue_to_v6.py"
 
 WHERE = "schema='work', prefix='sqla_queue_'"
 
@@ -105,15 +118,25 @@ ADDED_BY_VERSION_5 = {
     "table work.sqla_queue_daemons (with its columns, indexes and constraints)",
     "table work.sqla_queue_workers (with its columns, indexes and constraints)",
 }
+ADDED_BY_VERSION_6 = {
+    "column work.sqla_queue_job_executions.workflow",
+    "table work.sqla_queue_workflows (with its columns, indexes and constraints)",
+    "table work.sqla_queue_workflow_nodes (with its columns, indexes and constraints)",
+    "table work.sqla_queue_workflow_edges (with its columns, indexes and constraints)",
+}
 #: The tables version 5 adds, all empty after the step.
 VERSION_5_TABLES = ("task_controls", "rate_starts", "schedules", "daemons", "workers")
-#: The channel on which a version-4 completion notifies a caller awaiting the job.
+#: The tables version 6 adds, all empty after the step.
+VERSION_6_TABLES = ("workflows", "workflow_nodes", "workflow_edges")
+#: The channel on which a version-4 or version-5 completion notifies a caller awaiting the job.
 FINISHED_CHANNEL = "work.sqla_queue_finished"
 # The columns version 4 adds, with the value every row written before it must hold.
 VERSION_4_DEFAULTS: dict[str, dict[str, Any]] = {
     "job": {"unique_key": None, "about_table": None, "about_key": None, "awaited": False},
     "execution": {"cancel_requested": False},
 }
+#: The column version 6 adds to the executions, false in every row written before it.
+VERSION_6_DEFAULTS: dict[str, Any] = {"workflow": False}
 
 # Every column that version 1 has: none of them may change in the step to 2.
 _ROWS_V1 = text(
@@ -133,7 +156,8 @@ _ROWS_BY_NAME = text(
     "LEFT JOIN work.sqla_queue_job_executions e ON e.id = j.id ORDER BY j.id"
 )
 _UNIQUE_KEYS = text("SELECT to_jsonb(k) FROM work.sqla_queue_unique_keys k ORDER BY task, key")
-# What the version-4 release's producers wrote beyond the columns every release has.
+# What the version-4 release's producers wrote beyond the columns every release has (and
+# the version-5 release's: it added no column).
 _MARK_AS_VERSION_4 = text(
     "UPDATE work.sqla_queue_jobs SET awaited = :awaited, about_table = :about_table, "
     "about_key = :about_key, unique_key = :unique_key WHERE id = :id"
@@ -325,16 +349,42 @@ def _without_version_4(
     return kept
 
 
+def _without_version_6(
+    rows: list[tuple[dict[str, Any], dict[str, Any] | None]],
+) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """``rows`` without the column version 6 added, after checking it holds its default."""
+    kept: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+    for job, execution in rows:
+        if execution is not None:
+            added = {name: execution.pop(name) for name in VERSION_6_DEFAULTS}
+            assert added == VERSION_6_DEFAULTS, execution
+        kept.append((job, execution))
+    return kept
+
+
+def _enqueue_as_version_5(connection: Connection, ids: range, *, ago: float) -> None:
+    """Urgent mails (priority 1) as the version-5 library wrote them: it added no column,
+    so they are what version 4 wrote; ``ids`` are theirs."""
+    for n in ids:
+        _insert(connection, n, "mail_invoice", [n], priority=1, ago=ago)
+    connection.execute(_ADVANCE_IDS)
+
+
+_WORKFLOW_MARKS = text(
+    "SELECT id, workflow FROM work.sqla_queue_job_executions WHERE id = ANY(:ids) ORDER BY id"
+)
+
+
 def _unique_keys(connection: Connection) -> list[dict[str, Any]]:
     return list(connection.execute(_UNIQUE_KEYS).scalars())
 
 
-def test_a_live_install_upgrades_from_version_1_to_2_to_3_to_4_to_5_mid_flight(
-    v4_history_project: HostProject,
+def test_a_live_install_upgrades_from_version_1_to_2_to_3_to_4_to_5_to_6_mid_flight(
+    v5_history_project: HostProject,
 ) -> None:
-    project = v4_history_project
+    project = v5_history_project
     revisions = [p.name[:4] for p in project.revision_files()]
-    assert revisions == ["0001", "0002", "0003", "0004", "0005"]
+    assert revisions == ["0001", "0002", "0003", "0004", "0005", "0006"]
     config = project.config()
     command.upgrade(config, "0002")  # op.create_queue(..., version=1)
     engine = engine_for(project.url)
@@ -365,8 +415,8 @@ def test_a_live_install_upgrades_from_version_1_to_2_to_3_to_4_to_5_mid_flight(
 
     syncer = V2Worker()
     with engine.begin() as connection:
-        # Version 2, complete but for what versions 3, 4 and 5 add.
-        added = ADDED_BY_VERSION_3 | ADDED_BY_VERSION_4 | ADDED_BY_VERSION_5
+        # Version 2, complete but for what versions 3, 4, 5 and 6 add.
+        added = ADDED_BY_VERSION_3 | ADDED_BY_VERSION_4 | ADDED_BY_VERSION_5 | ADDED_BY_VERSION_6
         assert _missing(connection) == (added, 2)
         assert connection.execute(_ROWS_V1).all() == before_v2
         slots = connection.execute(text("SELECT slot FROM work.sqla_queue_job_executions"))
@@ -394,7 +444,8 @@ def test_a_live_install_upgrades_from_version_1_to_2_to_3_to_4_to_5_mid_flight(
 
     sender = V3Worker()
     with engine.begin() as connection:
-        assert _missing(connection) == (ADDED_BY_VERSION_4 | ADDED_BY_VERSION_5, 3)
+        later = ADDED_BY_VERSION_4 | ADDED_BY_VERSION_5 | ADDED_BY_VERSION_6
+        assert _missing(connection) == (later, 3)
         assert connection.execute(_ROWS_V2).all() == before_v3
         slots = connection.execute(text("SELECT slot FROM work.sqla_queue_job_executions"))
         assert set(slots.scalars()) == {None}
@@ -433,7 +484,7 @@ def test_a_live_install_upgrades_from_version_1_to_2_to_3_to_4_to_5_mid_flight(
 
     carrier = V4Worker()
     with engine.begin() as connection:
-        assert _missing(connection) == (ADDED_BY_VERSION_5, 4)
+        assert _missing(connection) == (ADDED_BY_VERSION_5 | ADDED_BY_VERSION_6, 4)
         assert _without_version_4(_rows_by_name(connection)) == before_v4
         keys = connection.execute(text("SELECT count(*) FROM work.sqla_queue_unique_keys"))
         assert keys.scalar_one() == 0
@@ -462,24 +513,15 @@ def test_a_live_install_upgrades_from_version_1_to_2_to_3_to_4_to_5_mid_flight(
         keys_before_v5 = _unique_keys(connection)
         assert [(k["key"], k["job_id"]) for k in keys_before_v5] == [("inv-25", 25)]
 
-    # The library is now the version-5 release: autogenerate writes the step, as committed.
-    command.revision(config, autogenerate=True, message="upgrade sqla_queue", rev_id="0006")
-    [generated] = [p for p in project.revision_files() if p.name.startswith("0006")]
-    assert (
-        op_calls(generated)
-        == op_calls(COMMITTED_0006)
-        == {
-            "upgrade": [f"op.upgrade_queue(from_version=4, to_version=5, {WHERE})"],
-            "downgrade": [f"op.upgrade_queue(from_version=5, to_version=4, {WHERE})"],
-        }
-    )
+    # The step to version 5 is the committed revision, written when the library moved to 5.
+    assert op_calls(COMMITTED_0006) == {
+        "upgrade": [f"op.upgrade_queue(from_version=4, to_version=5, {WHERE})"],
+        "downgrade": [f"op.upgrade_queue(from_version=5, to_version=4, {WHERE})"],
+    }
+    project.alembic("upgrade", "0006")
 
-    project.alembic("upgrade", "head")
-
-    SessionLocal = sessionmaker(engine)
     with engine.begin() as connection:
-        assert _missing(connection) == (set(), 5)
-        assert find_missing(connection, queue.tables) == ([], 5)
+        assert _missing(connection) == (ADDED_BY_VERSION_6, 5)
         # Version 5 adds no column: every row is exactly as it was, keys included.
         assert _rows_by_name(connection) == before_v5
         assert _unique_keys(connection) == keys_before_v5
@@ -506,6 +548,75 @@ def test_a_live_install_upgrades_from_version_1_to_2_to_3_to_4_to_5_mid_flight(
         [mail] = mailer.claim(connection, ["mail_invoice"], batch=1)
         assert mail.id == 28
         assert mailer.succeed(connection, [mail], result=28) == [28]
+        # A version-2 worker still claims nothing out of turn.
+        assert syncer.claim(connection, ["sync_customer"], batch=10) == []
+        states = _states(connection)
+        assert states[17] == states[18] == ("queued", "waiting", None)
+        assert states[29] == ("queued", "pending", None)
+
+    # The version-5 release deploys: its producers enqueue urgent mails, 30 awaited by a
+    # caller, and its workers run them beside the older releases not replaced yet.
+    courier = V5Worker()
+    with engine.begin() as connection:
+        _enqueue_as_version_5(connection, range(30, 33), ago=10)
+        awaited = {"awaited": True, "about_table": None, "about_key": None, "unique_key": None}
+        connection.execute(_MARK_AS_VERSION_4, {"id": 30, **awaited})
+        shipped = courier.claim(connection, ["mail_invoice"], batch=2)
+        assert sorted(c.id for c in shipped) == [30, 31]
+        before_v6 = _rows_by_name(connection)
+        keys_before_v6 = _unique_keys(connection)
+
+    # The library is now the version-6 release: autogenerate writes the step, as committed.
+    command.revision(config, autogenerate=True, message="upgrade sqla_queue", rev_id="0007")
+    [generated] = [p for p in project.revision_files() if p.name.startswith("0007")]
+    assert (
+        op_calls(generated)
+        == op_calls(COMMITTED_0007)
+        == {
+            "upgrade": [f"op.upgrade_queue(from_version=5, to_version=6, {WHERE})"],
+            "downgrade": [f"op.upgrade_queue(from_version=6, to_version=5, {WHERE})"],
+        }
+    )
+
+    project.alembic("upgrade", "head")
+
+    SessionLocal = sessionmaker(engine)
+    with engine.begin() as connection:
+        assert _missing(connection) == (set(), 6)
+        assert find_missing(connection, queue.tables) == ([], 6)
+        # Version 6 adds one column, false in every execution: the rest is as it was.
+        assert _without_version_6(_rows_by_name(connection)) == before_v6
+        assert _unique_keys(connection) == keys_before_v6
+        for name in VERSION_6_TABLES:
+            count = connection.execute(text(f"SELECT count(*) FROM work.sqla_queue_{name}"))
+            assert count.scalar_one() == 0, name
+
+    # The old workers keep going after the step, with their own SQL; a version-5
+    # completion still tells the caller awaiting its job (30) that it finished.
+    with psycopg.connect(libpq_url(project.url), autocommit=True) as listener:
+        listener.execute(f'LISTEN "{FINISHED_CHANNEL}"')
+        with engine.begin() as connection:
+            assert courier.succeed(connection, shipped, result="done by version 5") == [30, 31]
+        notes = [n.payload for n in listener.notifies(timeout=1.0, stop_after=1)]
+    assert notes == ["30"]
+    with engine.begin() as connection:
+        # The version-5 release's producers keep enqueueing: their executions, which name
+        # no workflow column, are no workflow nodes.
+        _enqueue_as_version_5(connection, range(33, 36), ago=5)
+        marks = connection.execute(_WORKFLOW_MARKS, {"ids": [32, 33, 34, 35]}).all()
+        assert [tuple(m) for m in marks] == [(n, False) for n in (32, 33, 34, 35)]
+        [mail] = courier.claim(connection, ["mail_invoice"], batch=1)
+        assert mail.id == 32
+        assert courier.succeed(connection, [mail], result="done by version 5") == [32]
+        [mail] = carrier.claim(connection, ["mail_invoice"], batch=1)
+        assert mail.id == 33
+        assert carrier.succeed(connection, [mail], result="done by version 4") == [33]
+        [mail] = sender.claim(connection, ["mail_invoice"], batch=1)
+        assert mail.id == 34
+        assert sender.succeed(connection, [mail], result="done by version 3") == [34]
+        [mail] = mailer.claim(connection, ["mail_invoice"], batch=1)
+        assert mail.id == 35
+        assert mailer.succeed(connection, [mail], result=35) == [35]
         # A version-2 worker still claims nothing out of turn.
         assert syncer.claim(connection, ["sync_customer"], batch=10) == []
         states = _states(connection)
@@ -548,11 +659,12 @@ def test_a_live_install_upgrades_from_version_1_to_2_to_3_to_4_to_5_mid_flight(
         )
     engine.dispose()
 
-    assert states == dict.fromkeys(range(1, 30), ("succeeded", None, None)), "a job was lost"
+    assert states == dict.fromkeys(range(1, 36), ("succeeded", None, None)), "a job was lost"
     assert results[2] == results[3] == "done by version 1"
-    assert all(results[n] == "done by version 3" for n in (19, 20, 22, 25, 26))
-    assert all(results[n] == "done by version 4" for n in (23, 24, 27))
-    assert (results[21], results[28], results[29]) == (21, 28, 29)
+    assert all(results[n] == "done by version 3" for n in (19, 20, 22, 25, 26, 34))
+    assert all(results[n] == "done by version 4" for n in (23, 24, 27, 33))
+    assert all(results[n] == "done by version 5" for n in (30, 31, 32))
+    assert (results[21], results[28], results[29], results[35]) == (21, 28, 29, 35)
     reports = [results[n] for n in range(4, 8)]
     assert sorted(r["report_id"] for r in reports) == [4, 5, 6, 7]
     assert {r["slot"] for r in reports} == set(range(REPORT_LIMIT))

@@ -9,15 +9,26 @@ whose work grows with the backlog.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import Connection, text
 
 from sqla_queue.models.tables import QueueTables
+from sqla_queue.statements.workflows import write_nodes_statement
 from tests.support.plans import explain_prepared
 
-__all__ = ["MIX", "ROW_BOUND", "explain_analyze", "grow", "seed_fixtures", "violations"]
+__all__ = [
+    "MIX",
+    "ROW_BOUND",
+    "WIDE_CHORD",
+    "explain_analyze",
+    "grow",
+    "seed_fixtures",
+    "seed_workflow",
+    "violations",
+]
 
 #: How a backlog of N rows is split, as (share, task, queue_id, state, priority, due):
 #: another service's task ahead, one hot key of the worker's task holding a large share
@@ -64,6 +75,50 @@ def _fill(
             f" SELECT id, '{task}', {priority}, {key}, '{state}', scheduled_at FROM j"
         )
     )
+
+
+#: The children of the wide chord every state holds: the release of one of them, and the
+#: decision of its callback, must not walk the others.
+WIDE_CHORD = 20_000
+
+
+def seed_workflow(connection: Connection, tables: QueueTables) -> tuple[int, int]:
+    """A chord of :data:`WIDE_CHORD` children, a quarter of them ended, written as a
+    workflow write does; ``(an open child's job id, the callback's job id)``."""
+    nodes = [
+        {
+            "seq": i,
+            "name": f"c{i}",
+            "task": "noop",
+            "payload": {"args": [], "kwargs": {}},
+            "priority": 0,
+            "queue_id": None,
+            "max_attempts": 1,
+            "run_at": None,
+            "delay": None,
+            "after": [],
+            "after_jobs": [],
+            "policy": "all_succeeded",
+            "quorum": None,
+            "on_parent_failure": "cancel",
+        }
+        for i in range(WIDE_CHORD)
+    ]
+    nodes.append(
+        {**nodes[0], "seq": WIDE_CHORD, "name": "callback", "after": list(range(WIDE_CHORD))}
+    )
+    statement = write_nodes_statement(tables, new=True, notify=False)
+    rows = connection.execute(
+        statement,
+        {"nodes": json.dumps(nodes), "name": "wide", "about_table": None, "about_key": None},
+    ).all()
+    ids = [row.job_id for row in rows]
+    edges = tables.workflow_edges.fullname
+    connection.execute(
+        text(f"UPDATE {edges} SET outcome = 'succeeded' WHERE parent_id = ANY(:ended)"),
+        {"ended": ids[: WIDE_CHORD // 4]},
+    )
+    return ids[WIDE_CHORD // 2], ids[-1]
 
 
 def seed_fixtures(connection: Connection, tables: QueueTables) -> None:

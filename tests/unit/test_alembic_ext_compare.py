@@ -72,6 +72,15 @@ def test_queues_are_found_through_metadata_info() -> None:
     assert found[0].tables.schedules is a.schedules and found[1].tables.schedules is b.schedules
     assert found[0].tables.daemons is a.daemons and found[1].tables.daemons is b.daemons
     assert found[0].tables.workers is a.workers and found[1].tables.workers is b.workers
+    assert found[0].tables.workflows is a.workflows and found[1].tables.workflows is b.workflows
+    assert (
+        found[0].tables.workflow_nodes is a.workflow_nodes
+        and found[1].tables.workflow_nodes is b.workflow_nodes
+    )
+    assert (
+        found[0].tables.workflow_edges is a.workflow_edges
+        and found[1].tables.workflow_edges is b.workflow_edges
+    )
     assert found[0].tables.all == a.all and found[1].tables.all == b.all
     assert find_queues(None) == []
     assert find_queues(MetaData()) == []
@@ -91,7 +100,11 @@ def test_tables_copied_to_another_metadata_are_found_by_their_tags() -> None:
     version_4 = MetaData()  # nor the four tables of version 4 without those of version 5
     for table in (tables.jobs, tables.executions, tables.limits, tables.unique_keys):
         table.to_metadata(version_4)
-    almost = MetaData()  # nor all but one of version 5's
+    version_5 = MetaData()  # nor the nine tables of version 5 without those of version 6
+    for table in tables.all:
+        if table not in (tables.workflows, tables.workflow_nodes, tables.workflow_edges):
+            table.to_metadata(version_5)
+    almost = MetaData()  # nor all but one of version 6's
     for table in tables.all:
         if table is not tables.workers:
             table.to_metadata(almost)
@@ -99,6 +112,7 @@ def test_tables_copied_to_another_metadata_are_found_by_their_tags() -> None:
     [found] = find_queues([copy, lonely])
     assert find_queues(short) == []
     assert find_queues(version_4) == []
+    assert find_queues(version_5) == []
     assert find_queues(almost) == []
 
     assert (found.schema, found.prefix, found.version) == ("work", "sqla_queue_", SCHEMA_VERSION)
@@ -110,6 +124,9 @@ def test_tables_copied_to_another_metadata_are_found_by_their_tags() -> None:
     assert found.tables.schedules is copy.tables["work.sqla_queue_schedules"]
     assert found.tables.daemons is copy.tables["work.sqla_queue_daemons"]
     assert found.tables.workers is copy.tables["work.sqla_queue_workers"]
+    assert found.tables.workflows is copy.tables["work.sqla_queue_workflows"]
+    assert found.tables.workflow_nodes is copy.tables["work.sqla_queue_workflow_nodes"]
+    assert found.tables.workflow_edges is copy.tables["work.sqla_queue_workflow_edges"]
 
 
 def test_the_target_version_comes_from_the_model() -> None:
@@ -134,11 +151,11 @@ def test_older_version_means_upgrade_from_there() -> None:
     assert plan_queue_op(target(3), 1) == UpgradeQueueOp(1, 3, "work", "sqla_queue_")
 
 
-@pytest.mark.parametrize("db_version", [1, 2, 3, 4])
+@pytest.mark.parametrize("db_version", [1, 2, 3, 4, 5])
 def test_an_older_database_under_the_current_model_gets_the_real_step(db_version: int) -> None:
-    assert SCHEMA_VERSION == 5
+    assert SCHEMA_VERSION == 6
     assert plan_queue_op(target(), db_version) == UpgradeQueueOp(
-        db_version, 5, "work", "sqla_queue_"
+        db_version, 6, "work", "sqla_queue_"
     )
 
 
@@ -152,6 +169,7 @@ def test_an_older_database_under_the_current_model_gets_the_real_step(db_version
         (None, ["sqla_queue_unique_keys"], "sqla_queue_unique_keys found .* half-installed"),
         (None, ["sqla_queue_daemons"], "sqla_queue_daemons found .* half-installed"),
         (None, ["sqla_queue_task_controls"], "sqla_queue_task_controls found .* half-installed"),
+        (None, ["sqla_queue_workflow_nodes"], "sqla_queue_workflow_nodes found .* half-installed"),
     ],
 )
 def test_odd_databases_are_left_alone_with_a_warning(
@@ -179,6 +197,9 @@ def _alembic_proposals() -> tuple[UpgradeOps, set[tuple[str | None, str]]]:
         CreateTableOp.from_table(queue.schedules),
         CreateTableOp.from_table(queue.daemons),
         CreateTableOp.from_table(queue.workers),
+        CreateTableOp.from_table(queue.workflows),
+        CreateTableOp.from_table(queue.workflow_nodes),
+        CreateTableOp.from_table(queue.workflow_edges),
         ModifyTableOps(
             "sqla_queue_job_executions",
             [AddColumnOp("sqla_queue_job_executions", Column("x", Integer))],
@@ -199,13 +220,16 @@ def _alembic_proposals() -> tuple[UpgradeOps, set[tuple[str | None, str]]]:
         (None, "sqla_queue_schedules"),
         (None, "sqla_queue_daemons"),
         (None, "sqla_queue_workers"),
+        (None, "sqla_queue_workflows"),
+        (None, "sqla_queue_workflow_nodes"),
+        (None, "sqla_queue_workflow_edges"),
     }
     return UpgradeOps(ops=ops), owned
 
 
 def test_alembic_proposals_for_queue_tables_give_way_to_the_queue_op() -> None:
     upgrade_ops, owned = _alembic_proposals()
-    create = CreateQueueOp("public", "sqla_queue_", version=5)
+    create = CreateQueueOp("public", "sqla_queue_", version=6)
 
     rewrite_upgrade_ops(upgrade_ops, [create], owned, default_schema="public")
 
@@ -234,6 +258,30 @@ def test_dropping_both_version_1_tables_becomes_one_drop_queue_at_the_end() -> N
 
     assert [type(op) for op in upgrade_ops.ops] == [DropTableOp, DropQueueOp]
     assert upgrade_ops.ops[-1] == DropQueueOp("work", "q_", version=1)
+
+
+def test_dropping_all_twelve_version_6_tables_becomes_one_drop_queue() -> None:
+    """drop_queue(version=6) drops the three workflow tables too: none may stay behind."""
+    upgrade_ops = UpgradeOps(
+        ops=[
+            _dropped("q_workflow_edges", "work", None),
+            _dropped("q_workflow_nodes", "work", None),
+            _dropped("q_workflows", "work", "sqla_queue: workflows"),
+            _dropped("q_workers", "work", "sqla_queue: live workers"),
+            _dropped("q_daemons", "work", "sqla_queue: daemon instances"),
+            _dropped("q_schedules", "work", None),
+            _dropped("q_rate_starts", "work", None),
+            _dropped("q_task_controls", "work", None),
+            _dropped("q_unique_keys", "work", None),
+            _dropped("q_task_limits", "work", None),
+            _dropped("q_job_executions", "work", "sqla_queue schema version 6"),
+            _dropped("q_jobs", "work", None),
+        ]
+    )
+
+    rewrite_upgrade_ops(upgrade_ops, [], set(), default_schema="public")
+
+    assert upgrade_ops.ops == [DropQueueOp("work", "q_", version=6)]
 
 
 def test_dropping_all_nine_version_5_tables_becomes_one_drop_queue() -> None:
@@ -319,6 +367,20 @@ def test_dropping_all_three_version_2_tables_becomes_one_drop_queue() -> None:
             _dropped("q_rate_starts", None, None),
             _dropped("q_schedules", None, None),
             _dropped("q_daemons", None, None),
+        ],
+        # Version 6 has twelve tables; a filter keeps workflow_edges, so drop_queue cannot run.
+        [
+            _dropped("q_job_executions", None, "sqla_queue schema version 6"),
+            _dropped("q_jobs", None, None),
+            _dropped("q_task_limits", None, None),
+            _dropped("q_unique_keys", None, None),
+            _dropped("q_task_controls", None, None),
+            _dropped("q_rate_starts", None, None),
+            _dropped("q_schedules", None, None),
+            _dropped("q_daemons", None, None),
+            _dropped("q_workers", None, None),
+            _dropped("q_workflows", None, None),
+            _dropped("q_workflow_nodes", None, None),
         ],
         # A version this library does not know: which tables it has is unknown.
         [

@@ -196,11 +196,14 @@ def test_history_ops_reverse_into_each_other_and_keep_the_layout() -> None:
         CreateQueueOp("work", "q_", version=5, history="sideways")
 
 
-def test_partitioned_history_is_frozen_for_version_5_only() -> None:
-    from alembic_ext.versions.history import partition_statements
+def test_partitioned_history_is_frozen_for_versions_5_and_6_only() -> None:
+    from alembic_ext.versions.history import partition_statements, unpartition_statements
 
     with pytest.raises(ValueError, match="frozen for schema version"):
         partition_statements(4, None, "q_")
+    # Version 6 left the jobs table as version 5 had it: the same statements serve both.
+    assert partition_statements(6, "user", "q_") == partition_statements(5, "user", "q_")
+    assert unpartition_statements(6, "user", "q_") == unpartition_statements(5, "user", "q_")
     with pytest.raises(ValueError, match="interval must be one of"):
         partition_statements(5, None, "q_", "fortnight")
     statements = partition_statements(5, "user", "q_")
@@ -238,6 +241,12 @@ def test_each_release_knows_its_tables() -> None:
         "schedules",
         "daemons",
         "workers",
+    )
+    assert versions.table_suffixes(6) == (
+        *versions.table_suffixes(5),
+        "workflows",
+        "workflow_nodes",
+        "workflow_edges",
     )
     with pytest.raises(UnknownSchemaVersionError):
         versions.table_suffixes(99)
@@ -315,6 +324,21 @@ def test_version_5_and_its_step_are_frozen() -> None:
 FROZEN_V5_SHA256 = "d708c959c6193d92ece1e87bf741b4108c084cde5a1ce92b59299946fc46d5da"
 
 
+def test_version_6_and_its_step_are_frozen() -> None:
+    """The same tripwire for version 6 as released: its create, drop and the 5-6 step."""
+    text = "\n".join(
+        versions.create_statements(6, "s", "p_")
+        + versions.drop_statements(6, "s", "p_")
+        + versions.migrate_statements(5, 6, "s", "p_")
+        + versions.migrate_statements(6, 5, "s", "p_")
+    )
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    assert digest == FROZEN_V6_SHA256, text
+
+
+FROZEN_V6_SHA256 = "90f444305b885313893bbddfbcda69b866d66dd0613ea108e147a51a17569261"
+
+
 def test_each_version_is_the_previous_one_followed_by_the_step() -> None:
     for version in versions.known_versions()[1:]:
         assert versions.create_statements(version, "s", "p_") == (
@@ -331,6 +355,12 @@ def test_each_version_is_the_previous_one_followed_by_the_step() -> None:
         "DROP TABLE p_task_controls",
     ]
     assert versions.drop_statements(5, None, "p_")[5:] == versions.drop_statements(4, None, "p_")
+    assert versions.drop_statements(6, None, "p_")[:3] == [
+        "DROP TABLE p_workflow_edges",
+        "DROP TABLE p_workflow_nodes",
+        "DROP TABLE p_workflows",
+    ]
+    assert versions.drop_statements(6, None, "p_")[3:] == versions.drop_statements(5, None, "p_")
 
 
 def test_the_step_to_version_4_adds_columns_in_place_and_the_downgrade_drops_them() -> None:
@@ -366,6 +396,25 @@ def test_the_step_to_version_5_adds_tables_and_one_index_and_the_downgrade_drops
     assert up[-1] == "COMMENT ON TABLE \"user\".q_job_executions IS 'sqla_queue schema version 5'"
     assert down[0] == 'DROP INDEX "user".q_job_executions_task_waiting_ix'
     assert down[-1] == "COMMENT ON TABLE \"user\".q_job_executions IS 'sqla_queue schema version 4'"
+
+
+def test_the_step_to_version_6_adds_tables_and_one_column_and_the_downgrade_drops_them() -> None:
+    up = versions.migrate_statements(5, 6, "user", "q_")
+    down = versions.migrate_statements(6, 5, "user", "q_")
+    created = [s.split(" (")[0] for s in up if s.startswith("CREATE TABLE")]
+    assert created == [
+        'CREATE TABLE "user".q_workflows',
+        'CREATE TABLE "user".q_workflow_nodes',
+        'CREATE TABLE "user".q_workflow_edges',
+    ]
+    # The column is added last: it locks the executions table until the migration commits.
+    assert [s for s in up if s.startswith("ALTER TABLE")] == [up[-2]]
+    assert up[-2] == (
+        'ALTER TABLE "user".q_job_executions ADD COLUMN workflow BOOLEAN DEFAULT false NOT NULL'
+    )
+    assert up[-1] == "COMMENT ON TABLE \"user\".q_job_executions IS 'sqla_queue schema version 6'"
+    assert down[0] == 'ALTER TABLE "user".q_job_executions DROP COLUMN workflow'
+    assert down[-1] == "COMMENT ON TABLE \"user\".q_job_executions IS 'sqla_queue schema version 5'"
 
 
 def test_version_2_is_version_1_followed_by_the_step() -> None:

@@ -15,6 +15,8 @@ from sqla_queue.models import build_tables
 
 pytestmark = pytest.mark.unit
 
+from sqla_queue.statements import release, workflow_admin, workflow_listing  # noqa: E402
+from sqla_queue.statements import workflows as workflow_statements  # noqa: E402
 from sqla_queue.statements.controls import (  # noqa: E402
     controlled_tasks_statement,
     rate_backlog_statement,
@@ -75,6 +77,29 @@ BUILDERS = {
     "dashboard_throughput": throughput_statement,
     "metrics_queue_stats": queue_stats_statement,
     "metrics_statement_timeout": lambda t: statement_timeout_statement(2500),
+    # Workflows (schema version 6).
+    "workflow_write_new": lambda t: workflow_statements.write_nodes_statement(
+        t, new=True, notify=True
+    ),
+    "workflow_write_into": lambda t: workflow_statements.write_nodes_statement(
+        t, new=False, notify=True
+    ),
+    "workflow_hand_over": workflow_statements.hand_over_statement,
+    "workflow_live": workflow_statements.live_workflow_statement,
+    "workflow_parent_results": workflow_statements.parent_results_statement,
+    "release_advance": lambda t: release.advance_statement(t, notify=True),
+    "release_lock": release.lock_nodes_statement,
+    "release_decide": lambda t: release.decide_statement(t, notify=True),
+    "workflow_cancel": workflow_admin.cancel_workflow_statement,
+    "workflow_cancel_undecided": workflow_admin.cancel_undecided_statement,
+    "workflow_cancel_nodes": workflow_admin.cancel_nodes_statement,
+    "workflow_resume": workflow_admin.resume_statement,
+    "workflow_lock_of": workflow_admin.lock_workflows_of_statement,
+    "workflow_listing": workflow_listing.workflow_listing_statement,
+    "workflow_listing_before": lambda t: workflow_listing.workflow_listing_statement(
+        t, before=True
+    ),
+    "workflow_of_node": workflow_listing.node_workflow_statement,
 }
 
 
@@ -185,6 +210,19 @@ def test_no_values_baked_in(tables, name: str) -> None:
         "60 seconds",  # how long a rate-limited task's recorded start outlives its window
         "{}",  # the empty integer[] of a task that holds no slot yet
         "",  # coalesce(state, '') = 'running': see statements._common.still_running
+        # Workflows: node states, policies, and the verdicts of the release statements.
+        "blocked",
+        "held",
+        "released",
+        "all_succeeded",
+        "all_finished",
+        "quorum",
+        "cancel",
+        "hold",
+        "candidate",
+        "workflow",
+        "ended",
+        "pruned",  # a node whose job left the history, in the workflows listing
     }
     assert literals <= allowed, literals - allowed
 

@@ -37,6 +37,9 @@ BUILDERS: dict[str, tuple[Callable[[MetaData, str | None, str], Table], str]] = 
     "schedules": (builders.schedules_table, "schedules"),
     "daemons": (builders.daemons_table, "daemons"),
     "workers": (builders.workers_table, "workers"),
+    "workflows": (builders.workflows_table, "workflows"),
+    "workflow_nodes": (builders.workflow_nodes_table, "workflow_nodes"),
+    "workflow_edges": (builders.workflow_edges_table, "workflow_edges"),
 }
 
 

@@ -458,7 +458,7 @@ def test_what_maintenance_freed_is_claimed_at_once() -> None:
     part.swept([SimpleNamespace(last_key=None, promoted=2)])
     assert paced.next_poll == 0.0
     paced.next_poll = 9.0
-    part.reclaimed([SimpleNamespace(id=1, task="a")])
+    part.reclaimed([SimpleNamespace(id=1, task="a", ended_node=False)])
     assert paced.next_poll == 0.0
 
 

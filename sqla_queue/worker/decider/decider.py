@@ -42,12 +42,14 @@ from sqla_queue.worker.actions import (
     Stop,
     Wait,
     Work,
+    atomic_unit,
 )
 from sqla_queue.worker.decider.acks import OutcomeBuffer, tally
 from sqla_queue.worker.decider.intake import ContextFactory, Intake
 from sqla_queue.worker.decider.keys import KeyPromotion
 from sqla_queue.worker.decider.liveness import Liveness
 from sqla_queue.worker.decider.maintenance import Maintenance
+from sqla_queue.worker.decider.nodes import WorkflowNodes, expansion_of
 from sqla_queue.worker.decider.pacing import ClaimPacer
 from sqla_queue.worker.decider.prebuilt import WorkerStatements
 from sqla_queue.worker.decider.prefetch import Prefetch
@@ -58,6 +60,7 @@ from sqla_queue.worker.decider.shutdown import Shutdown
 from sqla_queue.worker.handlers import RunningJob
 from sqla_queue.worker.plan import WorkerPlan
 from sqla_queue.worker.settings import MAX_SECONDS, MIN_INTERVAL, WorkerSettings
+from sqla_queue.workflows.graph import Expansion
 
 __all__ = ["Clock", "Decider", "intervals", "utcnow"]
 
@@ -154,6 +157,7 @@ class Decider:
             shutdown=self.shutdown,
             maintenance=self.maintenance,
         )
+        self.nodes = WorkflowNodes(self._lock, plan.tables, plan.workflows)
         self.recovery = Recovery(
             plan.tables,
             self.worker_id,
@@ -271,25 +275,13 @@ class Decider:
     ) -> Work:
         """The statements an action runs, and what happens with their rows."""
         if isinstance(action, Maintain):
-            steps = self.maintenance.steps(self.liveness.held()[0])
-            keys, key_steps = self.keys.take_steps()
-
-            def maintained(results: list[Sequence[Any]]) -> list[RunningJob]:
-                for (_, done), rows in zip(steps, results[: len(steps)], strict=True):
-                    done(rows)
-                self.keys.cleared(results[len(steps) :], now)
-                return []
-
-            return self._unit(
-                [*(step for step, _ in steps), *key_steps],
-                maintained,
-                lambda: self.keys.restore(keys),
-            )
+            held = self.liveness.held()[0]
+            return self.maintenance.unit(self.guard, held, self.keys, now, self.nodes.after_reclaim)
         size = action.claim if isinstance(action, Flush) else action.size
         if isinstance(action, Claim) and action.rated is not None:
             return self._rated_unit(action.rated, size, now, make_context)
-        claim_step = [Step(self.claim_statement, self.claim_params(size))] if size else []
         if isinstance(action, Claim):
+            claim_step = [Step(self.claim_statement, self.claim_params(size))]
             keys, key_steps = self.keys.take_steps()
 
             def claimed(results: list[Sequence[Any]]) -> list[RunningJob]:
@@ -297,9 +289,13 @@ class Decider:
                 self.keys.cleared(results[: len(key_steps)], now)
                 return jobs
 
-            return self._unit([*key_steps, *claim_step], claimed, lambda: self.keys.restore(keys))
+            return atomic_unit(
+                self.guard, [*key_steps, *claim_step], claimed, lambda: self.keys.restore(keys)
+            )
         isolated = self.buffer.isolating > 0
         outcomes, params = self.take_outcomes()
+        after_nodes = self.nodes.follow(outcomes)
+        claim_step = [Step(self.claim_statement, self.claim_params(size))] if size else []
         # After the outcomes: theirs are among them. An isolated outcome goes alone.
         keys, key_steps = ([], []) if isolated else self.keys.take_steps()
 
@@ -309,6 +305,10 @@ class Decider:
                     self.buffer.isolated(len(outcomes))
             self.completed(outcomes, [row[0] for row in results[0]])
             jobs = self.accept_claim(results[-1], size, now, make_context) if size else []
+            if after_nodes is not None:
+                # The nodes' release ran after the claim sent with the completion, which
+                # could not see what it released: claim again at once.
+                self.pacer.reopen()
             # After the claim, which sets the next poll: a parked key may bring it closer.
             self.keys.cleared(results[1 : 1 + len(key_steps)], now)
             return jobs
@@ -316,13 +316,16 @@ class Decider:
         def flush_failed() -> None:
             self.flush_failed(outcomes)
             self.keys.restore(keys)
+            self.nodes.restore(outcomes)
 
         # Ack, keys and claim share one transaction: one commit, and the claim sees what
         # the ack freed and the promotion made pending.
-        return self._unit(
+        return atomic_unit(
+            self.guard,
             [Step(self.complete_statement, params), *key_steps, *claim_step],
             flushed,
             flush_failed,
+            after_nodes,
         )
 
     def _rated_unit(self, task: str, size: int, now: float, make_context: ContextFactory) -> Work:
@@ -346,25 +349,15 @@ class Decider:
                 results[1], size, now, make_context, rated=task, due_left=due_left
             )
 
-        return self._unit(steps, claimed, lambda: None)
+        return atomic_unit(self.guard, steps, claimed, lambda: None)
 
-    def _unit(
-        self,
-        steps: list[Step],
-        done: Callable[[list[Sequence[Any]]], list[RunningJob]],
-        failed: Callable[[], None],
-    ) -> Work:
-        """One transaction: the planner guard, then ``steps``; ``done`` sees their rows only."""
-        return Work(
-            [Step(self.guard, {}), *steps],
-            True,
-            lambda results: done(results[1:]),
-            failed,
-        )
-
-    def _buffer(self, outcome: Outcome, job: ClaimedJob) -> None:
+    def _buffer(
+        self, outcome: Outcome, job: ClaimedJob, expansion: Expansion | None = None
+    ) -> None:
         """Queue ``outcome`` for the next ack (the caller holds the lock)."""
         self.buffer.add(outcome)
+        if job.workflow:
+            self.nodes.note(job.id, outcome, expansion)
         if job.queue_id is not None:
             self.keys.add(job.queue_id)
 
@@ -427,7 +420,7 @@ class Decider:
             if not self.jobs.remove(running):
                 # Released at shutdown (or replaced): the database already has it back.
                 return
-            self._buffer(outcome, running.job)
+            self._buffer(outcome, running.job, expansion_of(running.context))
         if running.job.queue_id is not None or self.pacer.is_limited(running.job.task):
             # The flush that comes first frees this key or this seat: the next job of the
             # key, or of the limited task, may be claimable right after it.

@@ -58,6 +58,7 @@ class Intake:
             payload=row.payload,
             execute_at=getattr(row, "execute_at", None),
             priority=getattr(row, "priority", None) or 0,
+            workflow=bool(getattr(row, "workflow", False)),
         )
 
     def accept(self, job: ClaimedJob, make_context: ContextFactory) -> RunningJob | Outcome:

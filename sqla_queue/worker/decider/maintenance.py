@@ -6,12 +6,13 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sqla_queue.conversation import Flow
 from sqla_queue.instrumentation import WorkerObserver, notify_lost
 from sqla_queue.statements.controls import ControlledTasksParams
 from sqla_queue.statements.keys import CleanupParams, SweepParams
 from sqla_queue.statements.limits import LimitedTasksParams
 from sqla_queue.statements.liveness import ReclaimParams
-from sqla_queue.worker.actions import Step
+from sqla_queue.worker.actions import Step, Work, atomic_unit
 from sqla_queue.worker.decider.keys import KeyPromotion
 from sqla_queue.worker.decider.pacing import ClaimPacer
 from sqla_queue.worker.decider.prebuilt import WorkerStatements
@@ -91,8 +92,37 @@ class Maintenance:
             ),
         ]
 
+    def unit(
+        self,
+        guard: Any,
+        held: list[int],
+        keys: KeyPromotion,
+        now: float,
+        after_reclaim: Callable[[Sequence[Any]], Flow[Any] | None],
+    ) -> Work:
+        """The maintenance transaction: :meth:`steps`, then the keys' sweep; the reclaim
+        comes first, and ``after_reclaim`` runs on its rows before the commit."""
+        steps = self.steps(held)
+        taken, key_steps = keys.take_steps()
+
+        def maintained(results: list[Sequence[Any]]) -> list[Any]:
+            for (_, done), rows in zip(steps, results[: len(steps)], strict=True):
+                done(rows)
+            keys.cleared(results[len(steps) :], now)
+            return []
+
+        return atomic_unit(
+            guard,
+            [*(step for step, _ in steps), *key_steps],
+            maintained,
+            lambda: keys.restore(taken),
+            after_reclaim,
+        )
+
     def reclaimed(self, rows: Sequence[Any]) -> None:
-        """Log what a reclaim sweep returned to the queue."""
+        """Log what a reclaim sweep returned to the queue (its workflow nodes that it
+        cancelled are the workflows part's, see :meth:`WorkflowNodes.after_reclaim`)."""
+        rows = [r for r in rows if not r.ended_node]
         notify_lost(self._observers, [r.task for r in rows])
         if rows:
             log.warning(

@@ -50,7 +50,7 @@ WHERE started.queue_id = g.queue_id AND (started.state = 'pending' OR started.st
  LIMIT least(__[POSTCOMPILE_batch], (SELECT gate.allowance 
 FROM gate))), 
 claimed AS 
-(UPDATE app.q_job_executions SET state='running', attempt=(app.q_job_executions.attempt + %(attempt_1)s::INTEGER), worker_id=%(worker)s::UUID, alive_at=now(), lease_seconds=coalesce(CAST(jsonb_extract_path_text(CAST(%(lease_map)s::VARCHAR AS JSONB), app.q_job_executions.task) AS DOUBLE PRECISION), %(lease)s) FROM candidates WHERE app.q_job_executions.id = candidates.id RETURNING app.q_job_executions.id, app.q_job_executions.attempt, app.q_job_executions.reclaims, app.q_job_executions.queue_id, app.q_job_executions.task, app.q_job_executions.execute_at, app.q_job_executions.priority), 
+(UPDATE app.q_job_executions SET state='running', attempt=(app.q_job_executions.attempt + %(attempt_1)s::INTEGER), worker_id=%(worker)s::UUID, alive_at=now(), lease_seconds=coalesce(CAST(jsonb_extract_path_text(CAST(%(lease_map)s::VARCHAR AS JSONB), app.q_job_executions.task) AS DOUBLE PRECISION), %(lease)s) FROM candidates WHERE app.q_job_executions.id = candidates.id RETURNING app.q_job_executions.id, app.q_job_executions.attempt, app.q_job_executions.reclaims, app.q_job_executions.queue_id, app.q_job_executions.task, app.q_job_executions.execute_at, app.q_job_executions.priority, app.q_job_executions.workflow), 
 recorded AS 
 (INSERT INTO app.q_rate_starts (task, started_at, job_id) SELECT claimed.task AS task, gate.at AS at, claimed.id AS id 
 FROM claimed JOIN gate ON true 
@@ -68,5 +68,5 @@ WHERE n.task = levels.task AND n.priority = levels.priority AND n.state = 'pendi
  LIMIT 1)) END AS at 
 FROM levels 
 WHERE levels.priority IS NOT NULL)
- SELECT next_due.at AS next_due, claimed.id, claimed.attempt, claimed.reclaims, claimed.queue_id, claimed.task, app.q_jobs.payload, app.q_jobs.max_attempts, claimed.execute_at, claimed.priority, gate.allowance AS rate_allowance, CASE WHEN (gate.rate_max IS NULL) THEN NULL ELSE gate.free_at END AS rate_free_at 
+ SELECT next_due.at AS next_due, claimed.id, claimed.attempt, claimed.reclaims, claimed.queue_id, claimed.task, app.q_jobs.payload, app.q_jobs.max_attempts, claimed.execute_at, claimed.priority, claimed.workflow, gate.allowance AS rate_allowance, CASE WHEN (gate.rate_max IS NULL) THEN NULL ELSE gate.free_at END AS rate_free_at 
 FROM next_due LEFT OUTER JOIN (claimed LEFT OUTER JOIN app.q_jobs ON app.q_jobs.id = claimed.id AND app.q_jobs.status = 'queued') ON true JOIN gate ON true

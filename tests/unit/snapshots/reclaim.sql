@@ -5,14 +5,16 @@ WHERE app.q_job_executions.state = 'running' AND app.q_job_executions.alive_at <
 requeued AS 
 (UPDATE app.q_job_executions SET state='pending', reclaims=(app.q_job_executions.reclaims + %(reclaims_1)s::INTEGER), worker_id=NULL, alive_at=NULL FROM stale WHERE app.q_job_executions.id = stale.id AND stale.cancel_requested IS false RETURNING app.q_job_executions.id, app.q_job_executions.task, app.q_job_executions.attempt, app.q_job_executions.reclaims), 
 dropped AS 
-(DELETE FROM app.q_job_executions USING stale WHERE app.q_job_executions.id = stale.id AND stale.cancel_requested AND stale.queue_id IS NULL RETURNING app.q_job_executions.id, app.q_job_executions.attempt), 
+(DELETE FROM app.q_job_executions USING stale WHERE app.q_job_executions.id = stale.id AND stale.cancel_requested AND stale.queue_id IS NULL RETURNING app.q_job_executions.id, app.q_job_executions.attempt, app.q_job_executions.workflow), 
 parked AS 
-(UPDATE app.q_job_executions SET state='done', worker_id=NULL, alive_at=NULL, slot=NULL FROM stale WHERE app.q_job_executions.id = stale.id AND stale.cancel_requested AND stale.queue_id IS NOT NULL RETURNING app.q_job_executions.id, app.q_job_executions.attempt), 
+(UPDATE app.q_job_executions SET state='done', worker_id=NULL, alive_at=NULL, slot=NULL FROM stale WHERE app.q_job_executions.id = stale.id AND stale.cancel_requested AND stale.queue_id IS NOT NULL RETURNING app.q_job_executions.id, app.q_job_executions.attempt, app.q_job_executions.workflow), 
 cancelled AS 
-(UPDATE app.q_jobs SET status='cancelled', attempts=removed.attempt, finished_at=now() FROM (SELECT dropped.id AS id, dropped.attempt AS attempt 
-FROM dropped UNION ALL SELECT parked.id AS id, parked.attempt AS attempt 
+(UPDATE app.q_jobs SET status='cancelled', attempts=removed.attempt, finished_at=now() FROM (SELECT dropped.id AS id, dropped.attempt AS attempt, dropped.workflow AS workflow 
+FROM dropped UNION ALL SELECT parked.id AS id, parked.attempt AS attempt, parked.workflow AS workflow 
 FROM parked) AS removed WHERE app.q_jobs.id = removed.id RETURNING app.q_jobs.id, CASE WHEN app.q_jobs.awaited THEN pg_notify(%(param_1)s::VARCHAR, CAST(app.q_jobs.id AS TEXT)) ELSE NULL END AS notified)
- SELECT requeued.id, requeued.task, requeued.attempt, requeued.reclaims 
-FROM requeued UNION ALL SELECT cancelled.id, NULL AS anon_1, NULL AS anon__1, NULL AS anon__2 
-FROM cancelled 
-WHERE false
+ SELECT requeued.id, requeued.task, requeued.attempt, requeued.reclaims, false AS ended_node 
+FROM requeued UNION ALL SELECT cancelled.id, NULL AS anon_1, NULL AS anon__1, NULL AS anon__2, true AS anon_2 
+FROM cancelled JOIN (SELECT dropped.id AS id, dropped.attempt AS attempt, dropped.workflow AS workflow 
+FROM dropped UNION ALL SELECT parked.id AS id, parked.attempt AS attempt, parked.workflow AS workflow 
+FROM parked) AS removed ON removed.id = cancelled.id 
+WHERE removed.workflow

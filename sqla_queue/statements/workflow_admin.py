@@ -1,0 +1,245 @@
+"""Reading and steering workflows: status, cancel, and the resume of a requeued node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Select,
+    Text,
+    any_,
+    bindparam,
+    func,
+    literal,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.sql.dml import ReturningUpdate
+
+from sqla_queue.models.tables import NodeState, QueueTables
+from sqla_queue.statements._common import CANCELLED, QUEUED, notify_waiters, state_literal
+
+__all__ = [
+    "cancel_nodes_statement",
+    "cancel_undecided_statement",
+    "cancel_workflow_statement",
+    "lock_workflows_of_statement",
+    "released_queued_statement",
+    "resume_statement",
+    "workflow_edges_statement",
+    "workflow_nodes_statement",
+    "workflow_row_statement",
+]
+
+_UNDECIDED = [state_literal(s) for s in NodeState.UNDECIDED]
+
+
+def _workflow_id() -> Any:
+    return bindparam("wf", type_=BigInteger)
+
+
+def workflow_row_statement(tables: QueueTables) -> Select[Any]:
+    """The row of workflow ``workflow_id``."""
+    w = tables.workflows
+    return select(
+        w.c.id, w.c.name, w.c.about_table, w.c.about_key, w.c.created_at, w.c.cancelled_at
+    ).where(w.c.id == _workflow_id())
+
+
+def workflow_nodes_statement(tables: QueueTables) -> Select[Any]:
+    """Each node of ``workflow_id`` with its job's task, status and attempts, by job id.
+
+    The job may have been pruned from the history: its columns are then NULL.
+    """
+    nodes = tables.workflow_nodes
+    jobs = tables.jobs
+    return (
+        select(
+            nodes.c.name,
+            nodes.c.job_id,
+            nodes.c.state,
+            nodes.c.policy,
+            nodes.c.quorum,
+            nodes.c.on_parent_failure,
+            jobs.c.task,
+            jobs.c.status,
+            jobs.c.attempts,
+            jobs.c.finished_at,
+        )
+        .select_from(nodes.outerjoin(jobs, jobs.c.id == nodes.c.job_id))
+        .where(nodes.c.workflow_id == _workflow_id())
+        .order_by(nodes.c.job_id)
+    )
+
+
+def workflow_edges_statement(tables: QueueTables) -> Select[Any]:
+    """``(child_id, parent_id, outcome)`` of every edge of ``workflow_id``."""
+    edges = tables.workflow_edges
+    nodes = tables.workflow_nodes
+    return (
+        select(edges.c.child_id, edges.c.parent_id, edges.c.outcome)
+        .select_from(edges.join(nodes, nodes.c.job_id == edges.c.child_id))
+        .where(nodes.c.workflow_id == _workflow_id())
+        .order_by(edges.c.child_id, edges.c.parent_id)
+    )
+
+
+def _cancel_jobs(tables: QueueTables, dropped: Any, reason: str) -> Any:
+    jobs = tables.jobs
+    error = func.jsonb_build_object(
+        literal("error", Text),
+        literal("WorkflowCancelled", Text),
+        literal("message", Text),
+        literal(reason, Text),
+        literal("at", Text),
+        func.now(),
+    )
+    return (
+        update(jobs)
+        .where(jobs.c.id == dropped.c.job_id, jobs.c.status == QUEUED)
+        .values(
+            status=CANCELLED,
+            finished_at=func.now(),
+            errors=jobs.c.errors.op("||")(func.jsonb_build_array(error)),
+        )
+        .returning(jobs.c.id, notify_waiters(tables))
+        .cte("ended")
+    )
+
+
+def cancel_workflow_statement(tables: QueueTables) -> ReturningUpdate[Any]:
+    """Mark workflow ``wf`` cancelled; its id if it exists.
+
+    Its row stays locked until the transaction ends: a write into the workflow (an
+    expansion) and a requeue of one of its nodes wait, and then see it cancelled. The
+    caller then cancels the undecided nodes in a statement of its own
+    (:func:`cancel_undecided_statement`), whose snapshot sees what a requeue that held the
+    row before committed.
+    """
+    w = tables.workflows
+    return (
+        update(w)
+        .where(w.c.id == _workflow_id())
+        .values(cancelled_at=func.coalesce(w.c.cancelled_at, func.now()))
+        .returning(w.c.id)
+    )
+
+
+def cancel_undecided_statement(tables: QueueTables) -> Select[Any]:
+    """Cancel the undecided nodes of workflow ``wf`` and their jobs; the jobs' ids."""
+    nodes = tables.workflow_nodes
+    dropped = (
+        update(nodes)
+        .where(nodes.c.workflow_id == _workflow_id(), nodes.c.state.in_(_UNDECIDED))
+        .values(state=state_literal(NodeState.CANCELLED))
+        .returning(nodes.c.job_id)
+        .cte("dropped")
+    )
+    ended = _cancel_jobs(tables, dropped, "the workflow was cancelled")
+    return select(ended.c.id)
+
+
+def released_queued_statement(tables: QueueTables) -> Select[Any]:
+    """The jobs of ``workflow_id``'s released nodes that have not ended, by id."""
+    nodes = tables.workflow_nodes
+    jobs = tables.jobs
+    return (
+        select(nodes.c.job_id)
+        .select_from(nodes.join(jobs, jobs.c.id == nodes.c.job_id))
+        .where(
+            nodes.c.workflow_id == _workflow_id(),
+            nodes.c.state == state_literal(NodeState.RELEASED),
+            jobs.c.status == QUEUED,
+        )
+        .order_by(nodes.c.job_id)
+    )
+
+
+def cancel_nodes_statement(tables: QueueTables) -> Select[Any]:
+    """Cancel the undecided nodes among the jobs ``ids`` (bigint[]); the ids it cancelled.
+
+    For ``queue.cancel`` of a node that waits for its parents: it has no execution, so
+    the job cancel alone would not reach it.
+    """
+    nodes = tables.workflow_nodes
+    dropped = (
+        update(nodes)
+        .where(
+            nodes.c.job_id == any_(bindparam("ids", type_=ARRAY(BigInteger))),
+            nodes.c.state.in_(_UNDECIDED),
+        )
+        .values(state=state_literal(NodeState.CANCELLED))
+        .returning(nodes.c.job_id)
+        .cte("dropped")
+    )
+    ended = _cancel_jobs(tables, dropped, "cancelled while it waited for its parents")
+    return select(ended.c.id)
+
+
+def resume_statement(tables: QueueTables) -> Select[Any]:
+    """Reopen the workflow past the requeued jobs ``ids`` (bigint[]).
+
+    Each requeued node's edges to its dependents lose their outcome, and the dependents
+    that its failure had ruled out (cancelled or held, never run) wait for it again, down
+    the graph: their jobs are queued again, their own edges reopened. Nodes of a cancelled
+    workflow are left alone (the caller refuses those). Returns the nodes reopened.
+    """
+    edges = tables.workflow_edges
+    nodes = tables.workflow_nodes
+    jobs = tables.jobs
+    ids = bindparam("ids", type_=ARRAY(BigInteger))
+    # The ruled-out descendants: reached through nodes that never ran.
+    seed = select(edges.c.child_id.label("id")).where(edges.c.parent_id == any_(ids))
+    down = seed.cte("down", recursive=True)
+    step = (
+        select(edges.c.child_id)
+        .select_from(edges.join(down, edges.c.parent_id == down.c.id))
+        .join(nodes, nodes.c.job_id == down.c.id)
+        .where(nodes.c.state == state_literal(NodeState.CANCELLED))
+    )
+    down = down.union(step)
+    reopened = (
+        update(nodes)
+        .where(
+            nodes.c.job_id.in_(select(down.c.id)),
+            nodes.c.state.in_([*_UNDECIDED, state_literal(NodeState.CANCELLED)]),
+        )
+        .values(state=state_literal(NodeState.BLOCKED))
+        .returning(nodes.c.job_id)
+        .cte("reopened")
+    )
+    requeued = (
+        update(jobs)
+        .where(jobs.c.id == reopened.c.job_id, jobs.c.status == CANCELLED)
+        .values(status=QUEUED, finished_at=None)
+        .returning(jobs.c.id)
+        .cte("requeued")
+    )
+    cleared = (
+        update(edges)
+        .where(
+            (edges.c.parent_id == any_(ids)) | edges.c.parent_id.in_(select(reopened.c.job_id)),
+            edges.c.outcome.is_not(None),
+        )
+        .values(outcome=None, result=None)
+        .returning(edges.c.child_id)
+        .cte("cleared")
+    )
+    return select(reopened.c.job_id).add_cte(requeued, cleared)
+
+
+def lock_workflows_of_statement(tables: QueueTables) -> Select[Any]:
+    """``(job_id, cancelled, state)`` of the nodes among the jobs ``ids`` (bigint[]), their
+    workflows' rows locked ``FOR SHARE``: a requeue and a cancel of the workflow take
+    turns, and the one that comes second sees what the first did."""
+    nodes = tables.workflow_nodes
+    w = tables.workflows
+    return (
+        select(nodes.c.job_id, w.c.cancelled_at.is_not(None).label("cancelled"), nodes.c.state)
+        .select_from(nodes.join(w, w.c.id == nodes.c.workflow_id))
+        .where(nodes.c.job_id == any_(bindparam("ids", type_=ARRAY(BigInteger))))
+        .order_by(w.c.id, nodes.c.job_id)
+        .with_for_update(of=w, read=True)
+    )

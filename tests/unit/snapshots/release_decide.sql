@@ -1,0 +1,62 @@
+WITH decided AS 
+(SELECT app.q_workflow_nodes.job_id AS job_id, CASE WHEN (app.q_workflow_nodes.policy = 'all_finished') THEN CASE WHEN (CASE WHEN (app.q_workflow_nodes.policy = 'quorum') THEN (SELECT count(*) AS count_1 
+FROM app.q_workflow_edges 
+WHERE app.q_workflow_edges.child_id = app.q_workflow_nodes.job_id AND app.q_workflow_edges.outcome IS NULL) ELSE CASE WHEN (EXISTS (SELECT app.q_workflow_edges.parent_id 
+FROM app.q_workflow_edges 
+WHERE app.q_workflow_edges.child_id = app.q_workflow_nodes.job_id AND app.q_workflow_edges.outcome IS NULL)) THEN %(param_1)s::INTEGER ELSE %(param_2)s::INTEGER END END = %(param_3)s::INTEGER) THEN 'release' ELSE NULL END WHEN (app.q_workflow_nodes.policy = 'quorum') THEN CASE WHEN (CASE WHEN (app.q_workflow_nodes.policy = 'quorum') THEN (SELECT count(*) AS count_2 
+FROM app.q_workflow_edges 
+WHERE app.q_workflow_edges.child_id = app.q_workflow_nodes.job_id AND app.q_workflow_edges.outcome = 'succeeded') ELSE %(param_4)s::INTEGER END >= app.q_workflow_nodes.quorum) THEN 'release' WHEN (CASE WHEN (app.q_workflow_nodes.policy = 'quorum') THEN (SELECT count(*) AS count_2 
+FROM app.q_workflow_edges 
+WHERE app.q_workflow_edges.child_id = app.q_workflow_nodes.job_id AND app.q_workflow_edges.outcome = 'succeeded') ELSE %(param_4)s::INTEGER END + CASE WHEN (app.q_workflow_nodes.policy = 'quorum') THEN (SELECT count(*) AS count_1 
+FROM app.q_workflow_edges 
+WHERE app.q_workflow_edges.child_id = app.q_workflow_nodes.job_id AND app.q_workflow_edges.outcome IS NULL) ELSE CASE WHEN (EXISTS (SELECT app.q_workflow_edges.parent_id 
+FROM app.q_workflow_edges 
+WHERE app.q_workflow_edges.child_id = app.q_workflow_nodes.job_id AND app.q_workflow_edges.outcome IS NULL)) THEN %(param_1)s::INTEGER ELSE %(param_2)s::INTEGER END END < app.q_workflow_nodes.quorum) THEN CASE WHEN (app.q_workflow_nodes.on_parent_failure = 'hold') THEN 'hold' ELSE 'cancel' END ELSE NULL END WHEN (CASE WHEN (app.q_workflow_nodes.policy = 'quorum') THEN (SELECT count(*) AS count_3 
+FROM app.q_workflow_edges 
+WHERE app.q_workflow_edges.child_id = app.q_workflow_nodes.job_id AND app.q_workflow_edges.outcome != 'succeeded') ELSE CASE WHEN (EXISTS (SELECT app.q_workflow_edges.parent_id 
+FROM app.q_workflow_edges 
+WHERE app.q_workflow_edges.child_id = app.q_workflow_nodes.job_id AND app.q_workflow_edges.outcome != 'succeeded')) THEN %(param_5)s::INTEGER ELSE %(param_6)s::INTEGER END END > %(param_7)s::INTEGER) THEN CASE WHEN (app.q_workflow_nodes.on_parent_failure = 'hold') THEN 'hold' ELSE 'cancel' END WHEN (CASE WHEN (app.q_workflow_nodes.policy = 'quorum') THEN (SELECT count(*) AS count_1 
+FROM app.q_workflow_edges 
+WHERE app.q_workflow_edges.child_id = app.q_workflow_nodes.job_id AND app.q_workflow_edges.outcome IS NULL) ELSE CASE WHEN (EXISTS (SELECT app.q_workflow_edges.parent_id 
+FROM app.q_workflow_edges 
+WHERE app.q_workflow_edges.child_id = app.q_workflow_nodes.job_id AND app.q_workflow_edges.outcome IS NULL)) THEN %(param_1)s::INTEGER ELSE %(param_2)s::INTEGER END END = %(param_8)s::INTEGER) THEN 'release' ELSE NULL END AS verdict 
+FROM app.q_workflow_nodes 
+WHERE app.q_workflow_nodes.job_id = ANY (%(ids)s::BIGINT[]) AND app.q_workflow_nodes.state IN ('blocked', 'held')), 
+released AS 
+(UPDATE app.q_workflow_nodes SET state='released' FROM decided WHERE app.q_workflow_nodes.job_id = decided.job_id AND decided.verdict = 'release' AND app.q_workflow_nodes.state IN ('blocked', 'held') RETURNING app.q_workflow_nodes.job_id, app.q_workflow_nodes.delay, app.q_workflow_nodes.run_at), 
+ready AS 
+(UPDATE app.q_jobs SET scheduled_at=coalesce(released.run_at, now() + coalesce(released.delay, %(coalesce_1)s) * interval '1 second') FROM released WHERE app.q_jobs.id = released.job_id AND app.q_jobs.status = 'queued' RETURNING app.q_jobs.id, app.q_jobs.task, app.q_jobs.priority, app.q_jobs.queue_id, app.q_jobs.scheduled_at), 
+keys AS 
+(SELECT DISTINCT ready.queue_id AS queue_id 
+FROM ready 
+WHERE ready.queue_id IS NOT NULL), 
+ahead AS 
+(SELECT keys.queue_id AS queue_id, head.execute_at AS head_at, backlog.execute_at IS NOT NULL AS has_waiting, (SELECT started.id 
+FROM app.q_job_executions AS started 
+WHERE started.queue_id = keys.queue_id AND (started.state = 'pending' OR started.state = 'running') AND started.lease_seconds IS NOT NULL ORDER BY started.execute_at, started.id 
+ LIMIT 1) IS NOT NULL AS started 
+FROM keys LEFT OUTER JOIN LATERAL (SELECT h.execute_at AS execute_at 
+FROM app.q_job_executions AS h 
+WHERE h.queue_id = keys.queue_id AND (h.state = 'pending' OR h.state = 'running') ORDER BY h.execute_at, h.id 
+ LIMIT 1 FOR KEY SHARE OF h) AS head ON true LEFT OUTER JOIN LATERAL (SELECT w.execute_at AS execute_at 
+FROM app.q_job_executions AS w 
+WHERE w.queue_id = keys.queue_id AND w.state = 'waiting' 
+ LIMIT 1 FOR KEY SHARE OF w) AS backlog ON true), 
+written AS 
+(INSERT INTO app.q_job_executions (id, task, priority, queue_id, state, execute_at, workflow) SELECT rows.id AS id, rows.task AS task, rows.priority AS priority, rows.queue_id AS queue_id, rows.anon_1 AS anon_1, rows.scheduled_at AS scheduled_at, true AS anon_2 
+FROM (SELECT ranked.id AS id, ranked.task AS task, ranked.priority AS priority, ranked.queue_id AS queue_id, CASE WHEN (ranked.queue_id IS NULL) THEN 'pending' WHEN (ranked.turn > %(turn_1)s::INTEGER) THEN 'waiting' WHEN ahead.started THEN 'waiting' WHEN (ahead.head_at <= ranked.scheduled_at) THEN 'waiting' WHEN (ahead.head_at IS NULL AND ahead.has_waiting) THEN 'waiting' ELSE 'pending' END AS anon_1, ranked.scheduled_at AS scheduled_at 
+FROM (SELECT ready.id AS id, ready.task AS task, ready.priority AS priority, ready.queue_id AS queue_id, ready.scheduled_at AS scheduled_at, row_number() OVER (PARTITION BY ready.queue_id ORDER BY ready.scheduled_at, ready.id) AS turn 
+FROM ready) AS ranked LEFT OUTER JOIN ahead ON ahead.queue_id = ranked.queue_id) AS rows RETURNING app.q_job_executions.id), 
+wake AS 
+(SELECT pg_notify(%(param_9)s::VARCHAR, %(param_10)s::VARCHAR) AS n), 
+dropped AS 
+(UPDATE app.q_workflow_nodes SET state='cancelled' FROM decided WHERE app.q_workflow_nodes.job_id = decided.job_id AND decided.verdict = 'cancel' AND app.q_workflow_nodes.state IN ('blocked', 'held') RETURNING app.q_workflow_nodes.job_id), 
+cancel_jobs AS 
+(UPDATE app.q_jobs SET status='cancelled', errors=(app.q_jobs.errors || jsonb_build_array(jsonb_build_object(%(param_11)s::VARCHAR, %(param_12)s::VARCHAR, %(param_13)s::VARCHAR, %(param_14)s::VARCHAR, %(param_15)s::VARCHAR, now()))), finished_at=now() FROM dropped WHERE app.q_jobs.id = dropped.job_id AND app.q_jobs.status = 'queued' RETURNING app.q_jobs.id, CASE WHEN app.q_jobs.awaited THEN pg_notify(%(param_16)s::VARCHAR, CAST(app.q_jobs.id AS TEXT)) ELSE NULL END AS notified), 
+held AS 
+(UPDATE app.q_workflow_nodes SET state='held' FROM decided WHERE app.q_workflow_nodes.job_id = decided.job_id AND decided.verdict = 'hold' AND app.q_workflow_nodes.state = 'blocked' RETURNING app.q_workflow_nodes.job_id)
+ SELECT 'released', written.id 
+FROM written JOIN wake ON true UNION ALL SELECT 'cancelled', cancel_jobs.id 
+FROM cancel_jobs UNION ALL SELECT 'hold', held.job_id 
+FROM held 
+WHERE false
