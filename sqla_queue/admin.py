@@ -66,7 +66,11 @@ from sqla_queue.statements.unique import (
     bind_keys_statement,
     take_keys_statement,
 )
-from sqla_queue.statements.workflow_admin import lock_workflows_of_statement, resume_statement
+from sqla_queue.statements.workflow_admin import (
+    lock_ruled_out_statement,
+    lock_workflows_of_statement,
+    resume_statement,
+)
 
 __all__ = [
     "FailedJob",
@@ -257,6 +261,7 @@ def _requeue_flow(tables: QueueTables, ids: list[int]) -> Flow[RequeueReport]:
     back = set(requeued)
     resumed: RequeueParams = {"ids": [row.job_id for row in nodes if row.job_id in back]}
     if resumed["ids"]:
+        yield lock_ruled_out_statement(tables), resumed
         yield resume_statement(tables), resumed
     # Bound without a scope: each key keeps the one it was last taken with.
     bindings = [

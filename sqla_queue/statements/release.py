@@ -12,7 +12,9 @@ statement that ends jobs (a completion, a cancel), before that transaction commi
    its parent until this transaction ends. So the parent whose transaction ends last
    always finds no such edge, and is a candidate.
 2. :func:`lock_nodes_statement` locks the candidates, in id order (two transactions that
-   share candidates never wait for each other in a circle).
+   share candidates never wait for each other in a circle). The probe of step 1 never takes
+   as evidence the edge of a node this transaction may lock here: it would hold a share
+   lock that the node's decider needs to mark that edge, while it waits for that node.
 3. :func:`decide_statement`, a new statement and so a new snapshot taken after the locks
    were granted, counts each candidate's parents as committed by then, and decides.
 
@@ -21,6 +23,11 @@ without waiting for each other, and only the last few (those that find every oth
 parent ending or ended) serialize on the callback's row. The same node is released at
 most once (the release is an update of ``state`` from blocked or held, which a second
 decision finds done), and never stranded: the last parent to commit decides it.
+
+A transaction whose cascade runs several rounds locks the nodes of a later round after
+those of an earlier one; two cascades that cross can still wait for each other. PostgreSQL
+detects it and rolls one back whole, and its worker retries the flush (the outcomes stay
+buffered): a delay, never a half-advanced graph.
 
 A decision releases a node (writes its execution, ``pending`` or ``waiting`` behind its
 ``queue_id`` like an enqueue, and wakes the workers), cancels it (its job ends
@@ -45,7 +52,6 @@ from sqlalchemy import (
     case,
     exists,
     func,
-    insert,
     literal,
     literal_column,
     null,
@@ -60,15 +66,13 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from sqla_queue.models.tables import JobStatus, NodeState, ParentFailure, ParentPolicy, QueueTables
 from sqla_queue.statements._common import (
-    CANCELLED,
     ONE,
     QUEUED,
     SUCCEEDED,
-    notify_waiters,
     seconds,
     state_literal,
 )
-from sqla_queue.statements.enqueue import keyed_rows
+from sqla_queue.statements.workflows import cancel_node_jobs, node_runs
 
 __all__ = [
     "AdvanceParams",
@@ -205,6 +209,10 @@ def advance_statement(tables: QueueTables, *, notify: bool) -> CompoundSelect[An
                 other.c.child_id == touched.c.child_id,
                 other.c.outcome.is_(None),
                 other.c.parent_id != all_(_ids()),
+                # Not a node this transaction may decide and then lock: a share lock on
+                # its edge, held while this transaction waits for that node's lock, is
+                # what the node's decider waits for when it marks the edge (a deadlock).
+                other.c.parent_id.not_in(select(touched.c.child_id)),
                 *where,
             )
             .order_by(other.c.parent_id)
@@ -309,7 +317,6 @@ def _apply(tables: QueueTables, decided: CTE, *, notify: bool) -> list[Select[An
     """The writes of ``decided`` (``job_id``, ``verdict``), as the selects of their rows."""
     nodes = tables.workflow_nodes
     jobs = tables.jobs
-    ex = tables.executions
     undecided = nodes.c.state.in_(_UNDECIDED)
 
     def moved(to: str, verdict_: str, *where: ColumnElement[bool]) -> Any:
@@ -339,39 +346,17 @@ def _apply(tables: QueueTables, decided: CTE, *, notify: bool) -> list[Select[An
         .returning(jobs.c.id, jobs.c.task, jobs.c.priority, jobs.c.queue_id, jobs.c.scheduled_at)
         .cte("ready")
     )
-    rows = keyed_rows(tables, ready).subquery("rows")
-    written = (
-        insert(ex)
-        .from_select(
-            ["id", "task", "priority", "queue_id", "state", "execute_at", "workflow"],
-            select(*rows.c, true()),
-        )
-        .returning(ex.c.id)
-        .cte("written")
-    )
+    written = node_runs(tables, ready, "written")
     dropped = (
         moved(NodeState.CANCELLED, Verdict.CANCEL, undecided)
         .returning(nodes.c.job_id)
         .cte("dropped")
     )
-    error = func.jsonb_build_object(
-        literal("error", Text),
-        literal("ParentOutcome", Text),
-        literal("message", Text),
-        literal("a parent this workflow node needed did not succeed", Text),
-        literal("at", Text),
-        func.now(),
-    )
-    ended = (
-        update(jobs)
-        .where(jobs.c.id == dropped.c.job_id, jobs.c.status == QUEUED)
-        .values(
-            status=CANCELLED,
-            finished_at=func.now(),
-            errors=jobs.c.errors.op("||")(func.jsonb_build_array(error)),
-        )
-        .returning(jobs.c.id, notify_waiters(tables))
-        .cte("cancel_jobs")
+    ended = cancel_node_jobs(
+        tables,
+        dropped,
+        "ParentOutcome",
+        "a parent this workflow node needed did not succeed",
     )
     held = (
         moved(NodeState.HELD, Verdict.HOLD, nodes.c.state == state_literal(NodeState.BLOCKED))

@@ -7,11 +7,9 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Select,
-    Text,
     any_,
     bindparam,
     func,
-    literal,
     select,
     update,
 )
@@ -19,12 +17,14 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql.dml import ReturningUpdate
 
 from sqla_queue.models.tables import NodeState, QueueTables
-from sqla_queue.statements._common import CANCELLED, QUEUED, notify_waiters, state_literal
+from sqla_queue.statements._common import CANCELLED, QUEUED, state_literal
+from sqla_queue.statements.workflows import cancel_node_jobs
 
 __all__ = [
     "cancel_nodes_statement",
     "cancel_undecided_statement",
     "cancel_workflow_statement",
+    "lock_ruled_out_statement",
     "lock_workflows_of_statement",
     "released_queued_statement",
     "resume_statement",
@@ -86,29 +86,6 @@ def workflow_edges_statement(tables: QueueTables) -> Select[Any]:
     )
 
 
-def _cancel_jobs(tables: QueueTables, dropped: Any, reason: str) -> Any:
-    jobs = tables.jobs
-    error = func.jsonb_build_object(
-        literal("error", Text),
-        literal("WorkflowCancelled", Text),
-        literal("message", Text),
-        literal(reason, Text),
-        literal("at", Text),
-        func.now(),
-    )
-    return (
-        update(jobs)
-        .where(jobs.c.id == dropped.c.job_id, jobs.c.status == QUEUED)
-        .values(
-            status=CANCELLED,
-            finished_at=func.now(),
-            errors=jobs.c.errors.op("||")(func.jsonb_build_array(error)),
-        )
-        .returning(jobs.c.id, notify_waiters(tables))
-        .cte("ended")
-    )
-
-
 def cancel_workflow_statement(tables: QueueTables) -> ReturningUpdate[Any]:
     """Mark workflow ``wf`` cancelled; its id if it exists.
 
@@ -137,7 +114,7 @@ def cancel_undecided_statement(tables: QueueTables) -> Select[Any]:
         .returning(nodes.c.job_id)
         .cte("dropped")
     )
-    ended = _cancel_jobs(tables, dropped, "the workflow was cancelled")
+    ended = cancel_node_jobs(tables, dropped, "WorkflowCancelled", "the workflow was cancelled")
     return select(ended.c.id)
 
 
@@ -174,24 +151,21 @@ def cancel_nodes_statement(tables: QueueTables) -> Select[Any]:
         .returning(nodes.c.job_id)
         .cte("dropped")
     )
-    ended = _cancel_jobs(tables, dropped, "cancelled while it waited for its parents")
+    ended = cancel_node_jobs(
+        tables, dropped, "WorkflowCancelled", "cancelled while it waited for its parents"
+    )
     return select(ended.c.id)
 
 
-def resume_statement(tables: QueueTables) -> Select[Any]:
-    """Reopen the workflow past the requeued jobs ``ids`` (bigint[]).
-
-    Each requeued node's edges to its dependents lose their outcome, and the dependents
-    that its failure had ruled out (cancelled or held, never run) wait for it again, down
-    the graph: their jobs are queued again, their own edges reopened. Nodes of a cancelled
-    workflow are left alone (the caller refuses those). Returns the nodes reopened.
-    """
+def _ruled_out(tables: QueueTables) -> Any:
+    """A recursive CTE of the descendants of the jobs ``ids`` (bigint[]) that their
+    failure ruled out: their children, and down through the nodes cancelled without
+    running."""
     edges = tables.workflow_edges
     nodes = tables.workflow_nodes
-    jobs = tables.jobs
-    ids = bindparam("ids", type_=ARRAY(BigInteger))
-    # The ruled-out descendants: reached through nodes that never ran.
-    seed = select(edges.c.child_id.label("id")).where(edges.c.parent_id == any_(ids))
+    seed = select(edges.c.child_id.label("id")).where(
+        edges.c.parent_id == any_(bindparam("ids", type_=ARRAY(BigInteger)))
+    )
     down = seed.cte("down", recursive=True)
     step = (
         select(edges.c.child_id)
@@ -199,7 +173,38 @@ def resume_statement(tables: QueueTables) -> Select[Any]:
         .join(nodes, nodes.c.job_id == down.c.id)
         .where(nodes.c.state == state_literal(NodeState.CANCELLED))
     )
-    down = down.union(step)
+    return down.union(step)
+
+
+def lock_ruled_out_statement(tables: QueueTables) -> Select[Any]:
+    """Lock, in id order, the nodes :func:`resume_statement` may reopen for the requeued
+    jobs ``ids``: the order in which a release locks nodes, so the two never wait for each
+    other in a circle."""
+    nodes = tables.workflow_nodes
+    down = _ruled_out(tables)
+    return (
+        select(nodes.c.job_id)
+        .where(nodes.c.job_id.in_(select(down.c.id)))
+        .order_by(nodes.c.job_id)
+        .with_for_update(of=nodes)
+    )
+
+
+def resume_statement(tables: QueueTables) -> Select[Any]:
+    """Reopen the workflow past the requeued jobs ``ids`` (bigint[]).
+
+    The dependents that the requeued nodes' failure ruled out (cancelled or held, never
+    run) wait for them again, down the graph: their jobs are queued again, and the edges
+    into them lose their outcome. A dependent that ran keeps its edge as it was (a
+    requeued node that then expands hands over only the edges still open). Nodes of a
+    cancelled workflow are left alone (the caller refuses those); the caller locks the
+    nodes first (:func:`lock_ruled_out_statement`). Returns the nodes reopened.
+    """
+    edges = tables.workflow_edges
+    nodes = tables.workflow_nodes
+    jobs = tables.jobs
+    ids = bindparam("ids", type_=ARRAY(BigInteger))
+    down = _ruled_out(tables)
     reopened = (
         update(nodes)
         .where(
@@ -220,6 +225,7 @@ def resume_statement(tables: QueueTables) -> Select[Any]:
     cleared = (
         update(edges)
         .where(
+            edges.c.child_id.in_(select(reopened.c.job_id)),
             (edges.c.parent_id == any_(ids)) | edges.c.parent_id.in_(select(reopened.c.job_id)),
             edges.c.outcome.is_not(None),
         )

@@ -43,15 +43,23 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.elements import ColumnElement
 
 from sqla_queue.models.tables import NodeState, QueueTables
-from sqla_queue.statements._common import QUEUED, seconds, state_literal
+from sqla_queue.statements._common import (
+    CANCELLED,
+    QUEUED,
+    notify_waiters,
+    seconds,
+    state_literal,
+)
 from sqla_queue.statements.enqueue import keyed_rows
 
 __all__ = [
     "NODE_ROW_FIELDS",
     "NodeRow",
     "WriteParams",
+    "cancel_node_jobs",
     "hand_over_statement",
     "live_workflow_statement",
+    "node_runs",
     "node_statement",
     "parent_results_statement",
     "workflow_lock_statement",
@@ -139,7 +147,6 @@ def write_nodes_statement(tables: QueueTables, *, new: bool, notify: bool) -> Se
     finds them.
     """
     jobs = tables.jobs
-    ex = tables.executions
     nodes = tables.workflow_nodes
     edges = tables.workflow_edges
     workflows = tables.workflows
@@ -286,16 +293,7 @@ def write_nodes_statement(tables: QueueTables, *, new: bool, notify: bool) -> Se
         .where(placed_root)
         .cte("roots")
     )
-    rows = keyed_rows(tables, roots).subquery("rows")
-    runs = (
-        insert(ex)
-        .from_select(
-            ["id", "task", "priority", "queue_id", "state", "execute_at", "workflow"],
-            select(*rows.c, true()),
-        )
-        .returning(ex.c.id)
-        .cte("runs")
-    )
+    runs = node_runs(tables, roots, "runs")
     written = (
         select(workflow.c.id.label("workflow_id"), numbered.c.id.label("job_id"), numbered.c.seq)
         .select_from(numbered.join(workflow, true()))
@@ -414,4 +412,50 @@ def parent_results_statement(tables: QueueTables) -> Select[Any]:
         .select_from(edges.join(parent, parent.c.job_id == edges.c.parent_id))
         .where(edges.c.child_id == bindparam("job_id", type_=BigInteger))
         .order_by(edges.c.parent_id)
+    )
+
+
+def node_runs(tables: QueueTables, ready: Any, name: str) -> Any:
+    """The executions of the nodes ``ready`` (a CTE of their jobs' ``id``, ``task``,
+    ``priority``, ``queue_id`` and ``scheduled_at``), written as an enqueue writes them
+    (``waiting`` behind a busy ``queue_id``) and marked as nodes'; a CTE ``name`` of their
+    ids."""
+    ex = tables.executions
+    rows = keyed_rows(tables, ready).subquery("rows")
+    return (
+        insert(ex)
+        .from_select(
+            ["id", "task", "priority", "queue_id", "state", "execute_at", "workflow"],
+            select(*rows.c, true()),
+        )
+        .returning(ex.c.id)
+        .cte(name)
+    )
+
+
+def cancel_node_jobs(tables: QueueTables, dropped: Any, error: str, reason: str) -> Any:
+    """End ``cancelled`` the queued jobs of the nodes ``dropped`` (a CTE with ``job_id``),
+    their error history telling why (an entry of ``type`` ``error`` and ``message``
+    ``reason``); a CTE ``ended`` of their ids. A caller awaiting one of them is told, as
+    by a completion."""
+    jobs = tables.jobs
+    # The shape of every error entry (logic.outcomes.plain_error_entry): type, message, at.
+    entry = func.jsonb_build_object(
+        literal("type", Text),
+        literal(error, Text),
+        literal("message", Text),
+        literal(reason, Text),
+        literal("at", Text),
+        func.now(),
+    )
+    return (
+        update(jobs)
+        .where(jobs.c.id == dropped.c.job_id, jobs.c.status == QUEUED)
+        .values(
+            status=CANCELLED,
+            finished_at=func.now(),
+            errors=jobs.c.errors.op("||")(func.jsonb_build_array(entry)),
+        )
+        .returning(jobs.c.id, notify_waiters(tables))
+        .cte("ended")
     )

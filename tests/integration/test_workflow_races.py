@@ -16,11 +16,12 @@ from sqlalchemy import Connection, Engine, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue.conversation import drive
+from sqla_queue.workflows import Workflow
 from sqla_queue.workflows.admin import cancel_workflow_flow
 from sqla_queue.workflows.advance import ReleaseStatements, advance_flow
 from tests.support.app import gate, reset_gates
 from tests.support.running import worker_thread
-from tests.support.workflow_app import queue, wf_fail, wf_sum, wf_value
+from tests.support.workflow_app import queue, wf_fail, wf_gather, wf_sum, wf_value
 
 pytestmark = pytest.mark.integration
 
@@ -231,3 +232,103 @@ def test_an_expansion_fenced_off_writes_no_node(
         )
     assert names == ["wf_split_gated", "wf_value"]
     assert node_state(engine, handle.jobs["wf_value"]) == "blocked"
+
+
+def test_a_cascade_and_a_sibling_completion_do_not_deadlock(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    """J1 fails and Q succeeds; N waits for both, C for N and Q. J1's transaction cancels N
+    and then marks N's edge to C; Q's must not hold that edge while it waits for N."""
+    wf = Workflow("diamond")
+    j1 = wf.add(wf_fail.call(), name="J1")
+    q = wf.add(wf_value.call(1), name="Q")
+    n = wf.add(wf_gather.call(), name="N", after=[j1, q])
+    wf.add(wf_gather.call(), name="C", after=[n, q])
+    with SessionLocal.begin() as session:
+        handle = queue.enqueue_workflow(session, wf)
+    jobs = handle.jobs
+    with engine.connect() as failing, engine.connect() as succeeding:
+        failing.begin()
+        ended(failing, jobs["J1"], "failed")
+        rows = failing.execute(RELEASE.advance, {"ids": [jobs["J1"]]}).all()
+        assert ("candidate", jobs["N"]) in rows
+        succeeding.begin()
+        ended(succeeding, jobs["Q"], "succeeded")
+        rows = succeeding.execute(RELEASE.advance, {"ids": [jobs["Q"]]}).all()
+        # Q's transaction may decide N, so N's edge to C is no evidence for it: it is a
+        # candidate for C too, and holds no share lock on N's edge.
+        assert {("candidate", jobs["N"]), ("candidate", jobs["C"])} <= set(rows)
+        failing.execute(RELEASE.lock, {"ids": [jobs["N"]]}).all()
+        assert failing.execute(RELEASE.decide, {"ids": [jobs["N"]]}).all() == [
+            ("cancelled", jobs["N"])
+        ]
+        blocked = Blocked(
+            lambda: succeeding.execute(RELEASE.lock, {"ids": sorted([jobs["N"], jobs["C"]])}).all()
+        )
+        assert blocked.still_waiting(), "the sibling did not wait for N's lock"
+        # The cascade marks N's edge to C: it must not wait for the sibling.
+        assert drive(failing, advance_flow(RELEASE, [jobs["N"]])).cancelled == [jobs["C"]]
+        failing.commit()
+        blocked.value()
+        assert succeeding.execute(RELEASE.decide, {"ids": [jobs["N"], jobs["C"]]}).all() == []
+        succeeding.commit()
+    assert node_state(engine, jobs["C"]) == "cancelled"
+
+
+def ended(connection: Connection, job_id: int, status: str) -> None:
+    """End ``job_id`` with ``status`` in ``connection``'s transaction (no advance)."""
+    connection.execute(EX.delete().where(EX.c.id == job_id))
+    connection.execute(
+        update(JOBS).where(JOBS.c.id == job_id).values(status=status, finished_at=func.now())
+    )
+
+
+def test_a_requeue_and_a_release_lock_nodes_in_one_order(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    """P fails: K (hold) is held, X (all_finished) waits for Q. Q's completion locks K then
+    X; a requeue of P reopens both: it must take them in the same order."""
+    wf = Workflow("requeue-race")
+    p = wf.add(wf_fail.call(), name="P")
+    q = wf.add(wf_value.call(1), name="Q")
+    wf.add(wf_gather.call(), name="K", after=[p, q], on_parent_failure="hold")
+    wf.add(wf_gather.call(), name="X", after=[p, q], policy="all_finished")
+    with SessionLocal.begin() as session:
+        handle = queue.enqueue_workflow(session, wf)
+    jobs = handle.jobs
+    with engine.begin() as connection:
+        ended(connection, jobs["P"], "failed")
+        drive(connection, advance_flow(RELEASE, [jobs["P"]]))
+    assert node_state(engine, jobs["K"]) == "held"
+    with engine.connect() as holder, engine.connect() as worker:
+        # A third transaction holds K, so that both others line up behind it.
+        holder.begin()
+        holder.execute(select(NODES.c.job_id).where(NODES.c.job_id == jobs["K"]).with_for_update())
+        worker.begin()
+        ended(worker, jobs["Q"], "succeeded")
+        candidates = sorted(
+            row[1]
+            for row in worker.execute(RELEASE.advance, {"ids": [jobs["Q"]]}).all()
+            if row[0] == "candidate"
+        )
+        assert candidates == sorted([jobs["K"], jobs["X"]])
+
+        def release() -> Any:
+            worker.execute(RELEASE.lock, {"ids": candidates}).all()
+            decided = worker.execute(RELEASE.decide, {"ids": candidates}).all()
+            worker.commit()
+            return decided
+
+        def requeue() -> Any:
+            with SessionLocal.begin() as session:
+                return queue.requeue(session, [jobs["P"]]).requeued
+
+        releasing = Blocked(release)
+        assert releasing.still_waiting()
+        requeueing = Blocked(requeue)
+        assert requeueing.still_waiting()
+        holder.rollback()
+        releasing.value()
+        assert requeueing.value() == [jobs["P"]]
+    # X ran on Q and P's failure; K waits for the requeued P again.
+    assert node_state(engine, jobs["K"]) == "blocked"

@@ -98,10 +98,14 @@ def _figures() -> dict[str, object]:
     return {
         "fanout_total_s": 0.8,
         "fanout_write_s": 0.8,
+        "fanout_build_s": 0.5,
+        "fanout_enqueue_s": 0.3,
         "fanout_plain_s": 0.3,
         "plain_rate": 2000.0,
         "chord_rate": 1800.0,
         "chord_drain_ratio": 0.9,
+        "plain_cpu_us": 200.0,
+        "chord_cpu_us": 300.0,
         "fan_in_ms": [2.0, 3.0, 40.0],
         "fan_in_p50_ms": 3.0,
         "fan_in_p99_ms": 40.0,
@@ -125,7 +129,7 @@ def _figures() -> dict[str, object]:
 def test_table_marks_targets_and_shows_peers_as_ratios_or_skips() -> None:
     table = table_of(_figures(), WorkflowsConfig(peers=("pgboss", "chancy")))
     text = table.render()
-    assert "0.800" in text and "met" in text
+    assert "0.800" in text and "met" in text and "0.500 / 0.300" in text
     first = next(r for r in table.rows if r[0].startswith("1."))
     assert first[4:] == ["1.600 s", "skipped"]
     assert "Chancy workflows: skipped: chancy is not installed" in text

@@ -40,7 +40,7 @@ wake AS
 (SELECT pg_notify(%(param_4)s::VARCHAR, %(param_5)s::VARCHAR) AS n), 
 dropped AS 
 (UPDATE app.q_workflow_nodes SET state='cancelled' FROM decided_here WHERE app.q_workflow_nodes.job_id = decided_here.job_id AND decided_here.verdict = 'cancel' AND app.q_workflow_nodes.state IN ('blocked', 'held') RETURNING app.q_workflow_nodes.job_id), 
-cancel_jobs AS 
+ended AS 
 (UPDATE app.q_jobs SET status='cancelled', errors=(app.q_jobs.errors || jsonb_build_array(jsonb_build_object(%(param_6)s::VARCHAR, %(param_7)s::VARCHAR, %(param_8)s::VARCHAR, %(param_9)s::VARCHAR, %(param_10)s::VARCHAR, now()))), finished_at=now() FROM dropped WHERE app.q_jobs.id = dropped.job_id AND app.q_jobs.status = 'queued' RETURNING app.q_jobs.id, CASE WHEN app.q_jobs.awaited THEN pg_notify(%(param_11)s::VARCHAR, CAST(app.q_jobs.id AS TEXT)) ELSE NULL END AS notified), 
 held AS 
 (UPDATE app.q_workflow_nodes SET state='held' FROM decided_here WHERE app.q_workflow_nodes.job_id = decided_here.job_id AND decided_here.verdict = 'hold' AND app.q_workflow_nodes.state = 'blocked' RETURNING app.q_workflow_nodes.job_id)
@@ -48,13 +48,15 @@ held AS
 FROM touched JOIN app.q_workflow_nodes ON app.q_workflow_nodes.job_id = touched.child_id 
 WHERE app.q_workflow_nodes.parents != %(parents_1)s::INTEGER AND app.q_workflow_nodes.state IN ('blocked', 'held') AND (app.q_workflow_nodes.policy = 'quorum' OR app.q_workflow_nodes.policy = 'all_succeeded' AND touched.failed > %(failed_1)s::INTEGER OR coalesce((SELECT other.parent_id 
 FROM app.q_workflow_edges AS other 
-WHERE other.child_id = touched.child_id AND other.outcome IS NULL AND other.parent_id != ALL (%(ids)s::BIGINT[]) AND other.parent_id > (SELECT max(ended_ids.v) AS max_1 
+WHERE other.child_id = touched.child_id AND other.outcome IS NULL AND other.parent_id != ALL (%(ids)s::BIGINT[]) AND (other.parent_id NOT IN (SELECT touched.child_id 
+FROM touched)) AND other.parent_id > (SELECT max(ended_ids.v) AS max_1 
 FROM unnest(%(ids)s::BIGINT[]) AS ended_ids(v)) ORDER BY other.parent_id 
  LIMIT 1 FOR SHARE OF other SKIP LOCKED), (SELECT other.parent_id 
 FROM app.q_workflow_edges AS other 
-WHERE other.child_id = touched.child_id AND other.outcome IS NULL AND other.parent_id != ALL (%(ids)s::BIGINT[]) ORDER BY other.parent_id 
+WHERE other.child_id = touched.child_id AND other.outcome IS NULL AND other.parent_id != ALL (%(ids)s::BIGINT[]) AND (other.parent_id NOT IN (SELECT touched.child_id 
+FROM touched)) ORDER BY other.parent_id 
  LIMIT 1 FOR SHARE OF other SKIP LOCKED)) IS NULL) UNION ALL SELECT 'released', written.id 
-FROM written JOIN wake ON true UNION ALL SELECT 'cancelled', cancel_jobs.id 
-FROM cancel_jobs UNION ALL SELECT 'hold', held.job_id 
+FROM written JOIN wake ON true UNION ALL SELECT 'cancelled', ended.id 
+FROM ended UNION ALL SELECT 'hold', held.job_id 
 FROM held 
 WHERE false

@@ -51,12 +51,12 @@ wake AS
 (SELECT pg_notify(%(param_9)s::VARCHAR, %(param_10)s::VARCHAR) AS n), 
 dropped AS 
 (UPDATE app.q_workflow_nodes SET state='cancelled' FROM decided WHERE app.q_workflow_nodes.job_id = decided.job_id AND decided.verdict = 'cancel' AND app.q_workflow_nodes.state IN ('blocked', 'held') RETURNING app.q_workflow_nodes.job_id), 
-cancel_jobs AS 
+ended AS 
 (UPDATE app.q_jobs SET status='cancelled', errors=(app.q_jobs.errors || jsonb_build_array(jsonb_build_object(%(param_11)s::VARCHAR, %(param_12)s::VARCHAR, %(param_13)s::VARCHAR, %(param_14)s::VARCHAR, %(param_15)s::VARCHAR, now()))), finished_at=now() FROM dropped WHERE app.q_jobs.id = dropped.job_id AND app.q_jobs.status = 'queued' RETURNING app.q_jobs.id, CASE WHEN app.q_jobs.awaited THEN pg_notify(%(param_16)s::VARCHAR, CAST(app.q_jobs.id AS TEXT)) ELSE NULL END AS notified), 
 held AS 
 (UPDATE app.q_workflow_nodes SET state='held' FROM decided WHERE app.q_workflow_nodes.job_id = decided.job_id AND decided.verdict = 'hold' AND app.q_workflow_nodes.state = 'blocked' RETURNING app.q_workflow_nodes.job_id)
  SELECT 'released', written.id 
-FROM written JOIN wake ON true UNION ALL SELECT 'cancelled', cancel_jobs.id 
-FROM cancel_jobs UNION ALL SELECT 'hold', held.job_id 
+FROM written JOIN wake ON true UNION ALL SELECT 'cancelled', ended.id 
+FROM ended UNION ALL SELECT 'hold', held.job_id 
 FROM held 
 WHERE false

@@ -10,7 +10,8 @@ FROM down) AND app.q_workflow_nodes.state IN ('blocked', 'held', 'cancelled') RE
 requeued AS 
 (UPDATE app.q_jobs SET status='queued', finished_at=%(param_1)s::TIMESTAMP WITH TIME ZONE FROM reopened WHERE app.q_jobs.id = reopened.job_id AND app.q_jobs.status = 'cancelled' RETURNING app.q_jobs.id), 
 cleared AS 
-(UPDATE app.q_workflow_edges SET outcome=%(param_2)s::VARCHAR, result=%(param_3)s::JSONB WHERE (app.q_workflow_edges.parent_id = ANY (%(ids)s::BIGINT[]) OR app.q_workflow_edges.parent_id IN (SELECT reopened.job_id 
+(UPDATE app.q_workflow_edges SET outcome=%(param_2)s::VARCHAR, result=%(param_3)s::JSONB WHERE app.q_workflow_edges.child_id IN (SELECT reopened.job_id 
+FROM reopened) AND (app.q_workflow_edges.parent_id = ANY (%(ids)s::BIGINT[]) OR app.q_workflow_edges.parent_id IN (SELECT reopened.job_id 
 FROM reopened)) AND app.q_workflow_edges.outcome IS NOT NULL RETURNING app.q_workflow_edges.child_id)
  SELECT reopened.job_id 
 FROM reopened
