@@ -199,36 +199,28 @@ def advance_statement(tables: QueueTables, *, notify: bool) -> CompoundSelect[An
     # Another parent that has not ended, and is not ending in another transaction now
     # (its edge would be locked): proof that this transaction is not the last.
     other = edges.alias("other")
-    ids = func.unnest(_ids()).table_valued("v").render_derived(name="ended_ids")
-    last_ended = select(func.max(ids.c.v)).scalar_subquery()
-
-    def open_sibling(*where: ColumnElement[bool]) -> Any:
-        return (
-            select(other.c.parent_id)
-            .where(
-                other.c.child_id == touched.c.child_id,
-                other.c.outcome.is_(None),
-                other.c.parent_id != all_(_ids()),
-                # Not a node this transaction may decide and then lock: a share lock on
-                # its edge, held while this transaction waits for that node's lock, is
-                # what the node's decider waits for when it marks the edge (a deadlock).
-                other.c.parent_id.not_in(select(touched.c.child_id)),
-                *where,
-            )
-            .order_by(other.c.parent_id)
-            .limit(ONE)
-            # FOR SHARE: it conflicts with the marking of an edge (an UPDATE of its
-            # outcome), in both directions. KEY SHARE would not.
-            .with_for_update(of=other, read=True, skip_locked=True)
-            .scalar_subquery()
+    # The last open sibling, by id: jobs are claimed in about id order, so it is the one
+    # least likely to be ending right now in another worker's batch (whose marking would
+    # then wait for this transaction's share lock), and the entries it passes over are
+    # live ones (the ended siblings' entries, dead until a vacuum, lie at the low end).
+    pending_other = (
+        select(other.c.parent_id)
+        .where(
+            other.c.child_id == touched.c.child_id,
+            other.c.outcome.is_(None),
+            other.c.parent_id != all_(_ids()),
+            # Not a node this transaction may decide and then lock: a share lock on its
+            # edge, held while this transaction waits for that node's lock, is what the
+            # node's decider waits for when it marks the edge (a deadlock).
+            other.c.parent_id.not_in(select(touched.c.child_id)),
         )
-
-    # First a sibling after this transaction's parents (parents mostly end in id order:
-    # the entries before them are the ended ones, dead in the index until a vacuum),
-    # then any; COALESCE runs the second only when the first found none.
-    pending_other = func.coalesce(
-        open_sibling(other.c.parent_id > last_ended), open_sibling()
-    ).label("pending_other")
+        .order_by(other.c.parent_id.desc())
+        .limit(ONE)
+        # FOR SHARE: it conflicts with the marking of an edge (an UPDATE of its outcome),
+        # in both directions. KEY SHARE would not.
+        .with_for_update(of=other, read=True, skip_locked=True)
+        .scalar_subquery()
+    )
     single = nodes.c.parents == 1
     decided_here = (
         select(

@@ -150,11 +150,14 @@ def write_nodes_statement(tables: QueueTables, *, new: bool, notify: bool) -> Se
     nodes = tables.workflow_nodes
     edges = tables.workflow_edges
     workflows = tables.workflows
-    source = (
+    parsed = (
         func.jsonb_to_recordset(cast(bindparam("nodes", type_=Text), JSONB))
         .table_valued(*(column(name, type_) for name, type_ in _NODE_COLUMNS))
         .render_derived(name="r", with_types=True)
     )
+    # Parsed once: the rows are read twice (jobs, then nodes and edges), and a large
+    # workflow's JSON is megabytes.
+    source = select(parsed).cte("source").prefix_with("MATERIALIZED")
     if new:
         workflow = (
             insert(workflows)

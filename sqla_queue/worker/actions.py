@@ -120,14 +120,14 @@ def atomic_unit(
     steps: list[Step],
     done: Callable[[list[Sequence[Any]]], list[RunningJob]],
     failed: Callable[[], None],
-    after_first: Callable[[Sequence[Any]], Flow[Any] | None] | None = None,
+    after: Callable[[Sequence[Sequence[Any]]], Flow[Any] | None] | None = None,
 ) -> Work:
     """One transaction: the planner ``guard``, then ``steps``. ``done`` sees their rows
-    only, and ``after_first`` (if given) the rows of the first step, before the commit."""
+    only, and so does ``after`` (if given), before the commit."""
     follow = None
-    if after_first is not None:
-        first = after_first
-        follow = lambda results: first(results[1])  # noqa: E731
+    if after is not None:
+        then = after
+        follow = lambda results: then(results[1:])  # noqa: E731
     return Work(
         [Step(guard, {}), *steps],
         True,

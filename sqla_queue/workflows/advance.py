@@ -9,7 +9,7 @@ advanced in turn, in the same transaction.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -24,7 +24,7 @@ from sqla_queue.statements.release import (
     lock_nodes_statement,
 )
 
-__all__ = ["Advanced", "ReleaseStatements", "advance_flow"]
+__all__ = ["Advanced", "ReleaseStatements", "advance_flow", "needs_more"]
 
 
 class ReleaseStatements:
@@ -58,7 +58,11 @@ class Advanced:
     cancelled: list[int] = field(default_factory=list)
 
 
-def advance_flow(statements: ReleaseStatements, ended: Iterable[int]) -> Flow[Advanced]:
+def advance_flow(
+    statements: ReleaseStatements,
+    ended: Iterable[int],
+    first: Sequence[Any] | None = None,
+) -> Flow[Advanced]:
     """Release, cancel or hold the dependents of the jobs ``ended``, and so on down.
 
     ``ended`` are jobs that reached a final state in the caller's transaction (ids of jobs
@@ -66,12 +70,15 @@ def advance_flow(statements: ReleaseStatements, ended: Iterable[int]) -> Flow[Ad
     writes the outcomes and decides the nodes with one parent (one statement); nodes with
     several parents that this transaction may be the last to finish are locked, then
     decided from a fresh snapshot (two more). The nodes it cancels are the next round's
-    ended jobs.
+    ended jobs. ``first`` are the rows of the first round's advance statement when the
+    caller sent it already (the worker sends it with the completion, in one round trip).
     """
     done = Advanced()
     ids = sorted(set(ended))
+    rows = first
     while ids:
-        rows = yield Step(statements.advance, AdvanceParams(ids=ids))
+        if rows is None:
+            rows = yield Step(statements.advance, AdvanceParams(ids=ids))
         candidates = sorted({row[1] for row in rows if row[0] == Verdict.CANDIDATE})
         cancelled = _collect(rows, done)
         if candidates:
@@ -79,7 +86,14 @@ def advance_flow(statements: ReleaseStatements, ended: Iterable[int]) -> Flow[Ad
             decided = yield Step(statements.decide, AdvanceParams(ids=candidates))
             cancelled += _collect(decided, done)
         ids = sorted(set(cancelled))
+        rows = None
     return done
+
+
+def needs_more(rows: Sequence[Any]) -> bool:
+    """Whether an advance statement's ``rows`` leave work for :func:`advance_flow`: nodes
+    to lock and decide, or cancelled nodes whose dependents come next."""
+    return any(row[0] in (Verdict.CANDIDATE, Verdict.CANCELLED) for row in rows)
 
 
 def _collect(rows: Iterable[Any], done: Advanced) -> list[int]:

@@ -181,15 +181,13 @@ class Workflow:
         if after is None:
             return ()
         nodes = [after] if isinstance(after, Node) else list(after)
-        seen: list[int] = []
         for node in nodes:
             if not isinstance(node, Node):
                 raise TypeError(f"after= takes nodes that add() returned, got {node!r}")
             if node.workflow is not self:
                 raise ValueError(f"node {node.name!r} belongs to another workflow")
-            if node.index not in seen:
-                seen.append(node.index)
-        return tuple(seen)
+        # Each parent once, in the order given (a dict keeps it, in linear time).
+        return tuple(dict.fromkeys(node.index for node in nodes))
 
     def _name_for(self, task: str, name: str | None) -> str:
         if name is not None:

@@ -294,7 +294,8 @@ class Decider:
             )
         isolated = self.buffer.isolating > 0
         outcomes, params = self.take_outcomes()
-        after_nodes = self.nodes.follow(outcomes)
+        nodes = self.nodes.follow(outcomes)
+        node_steps = nodes.steps if nodes is not None else []
         claim_step = [Step(self.claim_statement, self.claim_params(size))] if size else []
         # After the outcomes: theirs are among them. An isolated outcome goes alone.
         keys, key_steps = ([], []) if isolated else self.keys.take_steps()
@@ -305,12 +306,13 @@ class Decider:
                     self.buffer.isolated(len(outcomes))
             self.completed(outcomes, [row[0] for row in results[0]])
             jobs = self.accept_claim(results[-1], size, now, make_context) if size else []
-            if after_nodes is not None:
-                # The nodes' release ran after the claim sent with the completion, which
-                # could not see what it released: claim again at once.
+            if nodes is not None:
+                # A release decided after the claim (a fan-in's last parent) is claimed
+                # by the next claim: at once.
                 self.pacer.reopen()
             # After the claim, which sets the next poll: a parked key may bring it closer.
-            self.keys.cleared(results[1 : 1 + len(key_steps)], now)
+            keys_at = 1 + len(node_steps)
+            self.keys.cleared(results[keys_at : keys_at + len(key_steps)], now)
             return jobs
 
         def flush_failed() -> None:
@@ -318,14 +320,14 @@ class Decider:
             self.keys.restore(keys)
             self.nodes.restore(outcomes)
 
-        # Ack, keys and claim share one transaction: one commit, and the claim sees what
-        # the ack freed and the promotion made pending.
+        # Ack, release, keys and claim share one transaction: one commit, and the claim
+        # sees what the ack freed, the release released and the promotion made pending.
         return atomic_unit(
             self.guard,
-            [Step(self.complete_statement, params), *key_steps, *claim_step],
+            [Step(self.complete_statement, params), *node_steps, *key_steps, *claim_step],
             flushed,
             flush_failed,
-            after_nodes,
+            nodes.after if nodes is not None else None,
         )
 
     def _rated_unit(self, task: str, size: int, now: float, make_context: ContextFactory) -> Work:

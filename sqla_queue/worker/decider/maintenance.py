@@ -98,10 +98,11 @@ class Maintenance:
         held: list[int],
         keys: KeyPromotion,
         now: float,
-        after_reclaim: Callable[[Sequence[Any]], Flow[Any] | None],
+        after_reclaim: Callable[[Sequence[Sequence[Any]]], Flow[Any] | None],
     ) -> Work:
         """The maintenance transaction: :meth:`steps`, then the keys' sweep; the reclaim
-        comes first, and ``after_reclaim`` runs on its rows before the commit."""
+        comes first, and ``after_reclaim`` runs on the rows (the reclaim's first) before
+        the commit."""
         steps = self.steps(held)
         taken, key_steps = keys.take_steps()
 

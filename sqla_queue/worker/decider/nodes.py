@@ -12,16 +12,27 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sqla_queue.conversation import Flow
+from sqla_queue.conversation import Flow, Step
 from sqla_queue.logic.outcomes import Outcome, OutcomeKind
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.workflows.advance import Advanced, advance_flow
+from sqla_queue.workflows.advance import Advanced, advance_flow, needs_more
 from sqla_queue.workflows.graph import Expansion
 from sqla_queue.workflows.write import WorkflowWriter, expand_flow
 
-__all__ = ["WorkflowNodes", "expansion_of", "node_completion_flow"]
+__all__ = ["NodeFlush", "WorkflowNodes", "expansion_of", "node_completion_flow"]
+
+
+@dataclass(frozen=True)
+class NodeFlush:
+    """What a flush of node outcomes adds: ``steps`` sent right after the completion, and
+    ``after``, which reads the completion's rows and theirs (in that order) and says what
+    else runs before the commit."""
+
+    steps: list[Step]
+    after: Callable[[Sequence[Sequence[Any]]], Flow[Any] | None]
 
 
 def expansion_of(context: Any) -> Expansion | None:
@@ -64,12 +75,10 @@ class WorkflowNodes:
         if expansion is not None and outcome.kind == OutcomeKind.SUCCEEDED:
             self._expansions[job_id] = expansion
 
-    def follow(
-        self, outcomes: Sequence[Outcome]
-    ) -> Callable[[Sequence[Any]], Flow[Any] | None] | None:
-        """What the flush of ``outcomes`` runs after its completion, in its transaction;
-        None when no node is among them. The nodes are forgotten: a flush that fails
-        puts them back (:meth:`restore`)."""
+    def follow(self, outcomes: Sequence[Outcome]) -> NodeFlush | None:
+        """What the flush of ``outcomes`` adds for the nodes among them; None when there
+        are none. The nodes are forgotten: a flush that fails puts them back
+        (:meth:`restore`)."""
         with self._lock:
             ids = [o.job_id for o in outcomes if o.job_id in self._nodes]
             if not ids:
@@ -79,21 +88,37 @@ class WorkflowNodes:
         writer = self._writer
         if writer is None:
             raise RuntimeError("a workflow node was claimed by a worker without workflows")
-
-        def after(completed: Sequence[Any]) -> Flow[Any] | None:
-            done = {row[0] for row in completed}
-            applied = [i for i in ids if i in done]
-            if not applied:
-                return None
-            return node_completion_flow(writer, self._tables, applied, expansions)
-
         self._flushing = (ids, expansions)
-        return after
+        statements = writer.statements_for(self._tables)
+        if expansions:
+            # An expansion is written before the release, and only when the completion
+            # applied: the flow reads the completion's rows first.
+            def after_expanding(rows: Sequence[Sequence[Any]]) -> Flow[Any] | None:
+                done = {row[0] for row in rows[0]}
+                applied = [i for i in ids if i in done]
+                if not applied:
+                    return None
+                return node_completion_flow(writer, self._tables, applied, expansions)
 
-    def after_reclaim(self, rows: Sequence[Any]) -> Flow[Any] | None:
-        """What a maintenance unit runs after its reclaim: the release past the workflow
-        nodes that the reclaim cancelled (a lost job someone had asked to cancel)."""
-        ended = [row.id for row in rows if row.ended_node]
+            return NodeFlush([], after_expanding)
+        # Sent with the completion, in its round trip. Every node outcome of the batch is
+        # advanced, fenced or not: the statement only reads jobs that have ended, and a
+        # job that ended under another worker had its dependents advanced by it already.
+        advance = Step(statements.release.advance, {"ids": sorted(ids)})
+
+        def after_advance(rows: Sequence[Sequence[Any]]) -> Flow[Any] | None:
+            first = rows[1]
+            if not needs_more(first):
+                return None
+            return advance_flow(statements.release, ids, first)
+
+        return NodeFlush([advance], after_advance)
+
+    def after_reclaim(self, rows: Sequence[Sequence[Any]]) -> Flow[Any] | None:
+        """What a maintenance unit runs after its statements (the reclaim's rows first):
+        the release past the workflow nodes that the reclaim cancelled (a lost job someone
+        had asked to cancel)."""
+        ended = [row.id for row in rows[0] if row.ended_node]
         if not ended or self._writer is None:
             return None
         statements = self._writer.statements_for(self._tables)

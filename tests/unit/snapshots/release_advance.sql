@@ -46,16 +46,11 @@ held AS
 (UPDATE app.q_workflow_nodes SET state='held' FROM decided_here WHERE app.q_workflow_nodes.job_id = decided_here.job_id AND decided_here.verdict = 'hold' AND app.q_workflow_nodes.state = 'blocked' RETURNING app.q_workflow_nodes.job_id)
  SELECT 'candidate' AS verdict, app.q_workflow_nodes.job_id AS id 
 FROM touched JOIN app.q_workflow_nodes ON app.q_workflow_nodes.job_id = touched.child_id 
-WHERE app.q_workflow_nodes.parents != %(parents_1)s::INTEGER AND app.q_workflow_nodes.state IN ('blocked', 'held') AND (app.q_workflow_nodes.policy = 'quorum' OR app.q_workflow_nodes.policy = 'all_succeeded' AND touched.failed > %(failed_1)s::INTEGER OR coalesce((SELECT other.parent_id 
+WHERE app.q_workflow_nodes.parents != %(parents_1)s::INTEGER AND app.q_workflow_nodes.state IN ('blocked', 'held') AND (app.q_workflow_nodes.policy = 'quorum' OR app.q_workflow_nodes.policy = 'all_succeeded' AND touched.failed > %(failed_1)s::INTEGER OR (SELECT other.parent_id 
 FROM app.q_workflow_edges AS other 
 WHERE other.child_id = touched.child_id AND other.outcome IS NULL AND other.parent_id != ALL (%(ids)s::BIGINT[]) AND (other.parent_id NOT IN (SELECT touched.child_id 
-FROM touched)) AND other.parent_id > (SELECT max(ended_ids.v) AS max_1 
-FROM unnest(%(ids)s::BIGINT[]) AS ended_ids(v)) ORDER BY other.parent_id 
- LIMIT 1 FOR SHARE OF other SKIP LOCKED), (SELECT other.parent_id 
-FROM app.q_workflow_edges AS other 
-WHERE other.child_id = touched.child_id AND other.outcome IS NULL AND other.parent_id != ALL (%(ids)s::BIGINT[]) AND (other.parent_id NOT IN (SELECT touched.child_id 
-FROM touched)) ORDER BY other.parent_id 
- LIMIT 1 FOR SHARE OF other SKIP LOCKED)) IS NULL) UNION ALL SELECT 'released', written.id 
+FROM touched)) ORDER BY other.parent_id DESC 
+ LIMIT 1 FOR SHARE OF other SKIP LOCKED) IS NULL) UNION ALL SELECT 'released', written.id 
 FROM written JOIN wake ON true UNION ALL SELECT 'cancelled', ended.id 
 FROM ended UNION ALL SELECT 'hold', held.job_id 
 FROM held 

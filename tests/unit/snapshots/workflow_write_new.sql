@@ -1,16 +1,19 @@
-WITH workflow AS 
+WITH source AS MATERIALIZED 
+(SELECT r.seq AS seq, r.name AS name, r.task AS task, r.payload AS payload, r.priority AS priority, r.queue_id AS queue_id, r.max_attempts AS max_attempts, r.run_at AS run_at, r.delay AS delay, r.after AS after, r.after_jobs AS after_jobs, r.policy AS policy, r.quorum AS quorum, r.on_parent_failure AS on_parent_failure, r.about_table AS about_table, r.about_key AS about_key 
+FROM jsonb_to_recordset(CAST(%(nodes)s::VARCHAR AS JSONB)) AS r(seq INTEGER, name TEXT, task TEXT, payload JSONB, priority INTEGER, queue_id TEXT, max_attempts INTEGER, run_at TIMESTAMP WITH TIME ZONE, delay DOUBLE PRECISION, after JSONB, after_jobs JSONB, policy TEXT, quorum INTEGER, on_parent_failure TEXT, about_table TEXT, about_key TEXT)), 
+workflow AS 
 (INSERT INTO app.q_workflows (name, about_table, about_key) VALUES (%(name)s::VARCHAR, %(about_table)s::VARCHAR, %(about_key)s::VARCHAR) RETURNING app.q_workflows.id), 
 new_jobs AS 
-(INSERT INTO app.q_jobs (task, payload, priority, queue_id, max_attempts, scheduled_at, about_table, about_key) SELECT r.task AS task, r.payload AS payload, r.priority AS priority, r.queue_id AS queue_id, r.max_attempts AS max_attempts, CASE WHEN (jsonb_array_length(r.after) + jsonb_array_length(r.after_jobs) = %(param_3)s::INTEGER) THEN coalesce(r.run_at, now() + coalesce(r.delay, %(coalesce_1)s) * interval '1 second') ELSE now() END AS anon_5, r.about_table AS about_table, r.about_key AS about_key 
-FROM jsonb_to_recordset(CAST(%(nodes)s::VARCHAR AS JSONB)) AS r(seq INTEGER, name TEXT, task TEXT, payload JSONB, priority INTEGER, queue_id TEXT, max_attempts INTEGER, run_at TIMESTAMP WITH TIME ZONE, delay DOUBLE PRECISION, after JSONB, after_jobs JSONB, policy TEXT, quorum INTEGER, on_parent_failure TEXT, about_table TEXT, about_key TEXT) 
+(INSERT INTO app.q_jobs (task, payload, priority, queue_id, max_attempts, scheduled_at, about_table, about_key) SELECT source.task AS task, source.payload AS payload, source.priority AS priority, source.queue_id AS queue_id, source.max_attempts AS max_attempts, CASE WHEN (jsonb_array_length(source.after) + jsonb_array_length(source.after_jobs) = %(param_3)s::INTEGER) THEN coalesce(source.run_at, now() + coalesce(source.delay, %(coalesce_1)s) * interval '1 second') ELSE now() END AS anon_5, source.about_table AS about_table, source.about_key AS about_key 
+FROM source 
 WHERE EXISTS (SELECT workflow.id 
-FROM workflow) ORDER BY r.seq RETURNING app.q_jobs.id, app.q_jobs.task, app.q_jobs.priority, app.q_jobs.queue_id, app.q_jobs.scheduled_at), 
+FROM workflow) ORDER BY source.seq RETURNING app.q_jobs.id, app.q_jobs.task, app.q_jobs.priority, app.q_jobs.queue_id, app.q_jobs.scheduled_at), 
 numbered AS 
 (SELECT new_jobs.id AS id, row_number() OVER (ORDER BY new_jobs.id) - %(param_2)s::INTEGER AS seq 
 FROM new_jobs), 
 placed AS 
-(SELECT numbered.id AS id, r.seq AS seq, r.name AS name, r.task AS task, r.payload AS payload, r.priority AS priority, r.queue_id AS queue_id, r.max_attempts AS max_attempts, r.run_at AS run_at, r.delay AS delay, r.after AS after, r.after_jobs AS after_jobs, r.policy AS policy, r.quorum AS quorum, r.on_parent_failure AS on_parent_failure, r.about_table AS about_table, r.about_key AS about_key 
-FROM jsonb_to_recordset(CAST(%(nodes)s::VARCHAR AS JSONB)) AS r(seq INTEGER, name TEXT, task TEXT, payload JSONB, priority INTEGER, queue_id TEXT, max_attempts INTEGER, run_at TIMESTAMP WITH TIME ZONE, delay DOUBLE PRECISION, after JSONB, after_jobs JSONB, policy TEXT, quorum INTEGER, on_parent_failure TEXT, about_table TEXT, about_key TEXT) JOIN numbered ON numbered.seq = r.seq), 
+(SELECT numbered.id AS id, source.seq AS seq, source.name AS name, source.task AS task, source.payload AS payload, source.priority AS priority, source.queue_id AS queue_id, source.max_attempts AS max_attempts, source.run_at AS run_at, source.delay AS delay, source.after AS after, source.after_jobs AS after_jobs, source.policy AS policy, source.quorum AS quorum, source.on_parent_failure AS on_parent_failure, source.about_table AS about_table, source.about_key AS about_key 
+FROM source JOIN numbered ON numbered.seq = source.seq), 
 new_nodes AS 
 (INSERT INTO app.q_workflow_nodes (job_id, workflow_id, name, parents, policy, quorum, on_parent_failure, state, delay, run_at) SELECT placed.id AS id, workflow.id AS id_1, placed.name AS name, jsonb_array_length(placed.after) + jsonb_array_length(placed.after_jobs) AS anon_1, placed.policy AS policy, placed.quorum AS quorum, placed.on_parent_failure AS on_parent_failure, CASE WHEN (jsonb_array_length(placed.after) + jsonb_array_length(placed.after_jobs) = %(param_1)s::INTEGER) THEN 'released' ELSE 'blocked' END AS anon_2, CASE WHEN (jsonb_array_length(placed.after) + jsonb_array_length(placed.after_jobs) = %(param_1)s::INTEGER) THEN NULL ELSE placed.delay END AS anon_3, CASE WHEN (jsonb_array_length(placed.after) + jsonb_array_length(placed.after_jobs) = %(param_1)s::INTEGER) THEN NULL ELSE placed.run_at END AS anon_4 
 FROM placed JOIN workflow ON true RETURNING app.q_workflow_nodes.job_id), 
