@@ -30,6 +30,7 @@ __all__ = [
     "RUNNING",
     "SUCCEEDED",
     "WAITING",
+    "due_at",
     "has_key",
     "notify_waiters",
     "seconds",
@@ -67,6 +68,12 @@ ONE = literal_column("1", Integer)
 def seconds(amount: ColumnElement[Any]) -> ColumnElement[Any]:
     """An interval of ``amount`` seconds, computed by the database."""
     return amount * _ONE_SECOND
+
+
+def due_at(run_at: ColumnElement[Any], delay: ColumnElement[Any]) -> ColumnElement[Any]:
+    """When a job asked to run: at ``run_at``, else ``delay`` seconds (none: at once) after
+    the statement's clock (``now()``)."""
+    return func.coalesce(run_at, func.now() + seconds(func.coalesce(delay, 0.0)))
 
 
 def still_running(state: ColumnElement[str]) -> ColumnElement[bool]:

@@ -37,7 +37,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.selectable import TextualSelect
 
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.statements._common import ONE, PENDING, RUNNING, WAITING, seconds
+from sqla_queue.statements._common import ONE, PENDING, RUNNING, WAITING, due_at
 from sqla_queue.statements.keys import started_elsewhere
 
 __all__ = [
@@ -140,10 +140,7 @@ def enqueue_statement(tables: QueueTables, *, notify: bool, keyed: bool = True) 
         .table_valued(*(column(name, type_) for name, type_ in _ROW_COLUMNS))
         .render_derived(name="r", with_types=True)
     )
-    execute_at = func.coalesce(
-        source.c.run_at,
-        func.now() + seconds(func.coalesce(source.c.delay, 0.0)),
-    )
+    execute_at = due_at(source.c.run_at, source.c.delay)
     # ORDER BY seq makes the identity values follow the caller's order, which is the
     # FIFO tie-break of a queue_id.
     new_jobs = (

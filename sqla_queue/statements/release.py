@@ -69,7 +69,7 @@ from sqla_queue.statements._common import (
     ONE,
     QUEUED,
     SUCCEEDED,
-    seconds,
+    due_at,
     state_literal,
 )
 from sqla_queue.statements.workflows import cancel_node_jobs, node_runs
@@ -327,10 +327,7 @@ def _apply(tables: QueueTables, decided: CTE, *, notify: bool) -> list[Select[An
         .returning(nodes.c.job_id, nodes.c.delay, nodes.c.run_at)
         .cte("released")
     )
-    due = func.coalesce(
-        released.c.run_at,
-        func.now() + seconds(func.coalesce(released.c.delay, 0.0)),
-    )
+    due = due_at(released.c.run_at, released.c.delay)
     ready = (
         update(jobs)
         .where(jobs.c.id == released.c.job_id, jobs.c.status == QUEUED)

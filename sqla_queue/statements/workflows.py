@@ -46,8 +46,8 @@ from sqla_queue.models.tables import NodeState, QueueTables
 from sqla_queue.statements._common import (
     CANCELLED,
     QUEUED,
+    due_at,
     notify_waiters,
-    seconds,
     state_literal,
 )
 from sqla_queue.statements.enqueue import keyed_rows
@@ -181,10 +181,7 @@ def write_nodes_statement(tables: QueueTables, *, new: bool, notify: bool) -> Se
         )
     parents = func.jsonb_array_length(source.c.after) + func.jsonb_array_length(source.c.after_jobs)
     is_root = parents == 0
-    due = func.coalesce(
-        source.c.run_at,
-        func.now() + seconds(func.coalesce(source.c.delay, 0.0)),
-    )
+    due = due_at(source.c.run_at, source.c.delay)
     new_jobs = (
         insert(jobs)
         .from_select(

@@ -37,12 +37,26 @@ __all__ = [
     "WorkflowStatus",
     "cancel_jobs_flow",
     "cancel_workflow",
+    "header_dict",
     "workflow_state",
     "workflow_status",
 ]
 
 #: Longest wait, in seconds, of a workflow's cancel for a row lock.
 CANCEL_LOCK_TIMEOUT = 10
+
+
+def header_dict(workflow: Any) -> dict[str, Any]:
+    """A workflow's id, name, state, row and times as plain JSON-ready values: the head of
+    a status's and of a listing's ``--json``."""
+    return {
+        "id": workflow.id,
+        "name": workflow.name,
+        "state": workflow.state,
+        "about": list(workflow.about) if workflow.about else None,
+        "created_at": workflow.created_at.isoformat(),
+        "cancelled_at": workflow.cancelled_at.isoformat() if workflow.cancelled_at else None,
+    }
 
 
 def workflow_state(cancelled: bool, counts: Mapping[str, int]) -> str:
@@ -124,12 +138,7 @@ class WorkflowStatus:
     def as_dict(self) -> dict[str, Any]:
         """The status as plain JSON-ready values (the CLI's ``--json``)."""
         return {
-            "id": self.id,
-            "name": self.name,
-            "state": self.state,
-            "about": list(self.about) if self.about else None,
-            "created_at": self.created_at.isoformat(),
-            "cancelled_at": self.cancelled_at.isoformat() if self.cancelled_at else None,
+            **header_dict(self),
             "nodes": [
                 {
                     "name": n.name,

@@ -23,7 +23,7 @@ from sqla_queue.statements.workflow_listing import (
     node_workflow_statement,
     workflow_listing_statement,
 )
-from sqla_queue.workflows.admin import WorkflowStatus, status_flow, workflow_state
+from sqla_queue.workflows.admin import WorkflowStatus, header_dict, status_flow, workflow_state
 
 __all__ = [
     "SHOWN_STATES",
@@ -58,12 +58,7 @@ class WorkflowSummary:
     def as_dict(self) -> dict[str, Any]:
         """The summary as plain JSON-ready values (the CLI's ``--json``)."""
         return {
-            "id": self.id,
-            "name": self.name,
-            "state": self.state,
-            "about": list(self.about) if self.about else None,
-            "created_at": self.created_at.isoformat(),
-            "cancelled_at": self.cancelled_at.isoformat() if self.cancelled_at else None,
+            **header_dict(self),
             "nodes": self.nodes,
             "counts": dict(self.counts),
         }
