@@ -30,6 +30,7 @@ __all__ = [
     "main",
     "render_svg",
     "write_charts",
+    "write_drawn",
 ]
 
 #: The drain cell of the headline: 2 worker processes, batch 10.
@@ -286,6 +287,34 @@ def write_charts(report_path: Path, out_dir: Path) -> list[Path]:
     for chart in charts:
         path = out_dir / f"{chart.name}.svg"
         path.write_text(render_svg(chart), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def write_drawn(
+    report_path: Path,
+    out_dir: Path,
+    draw: Callable[[Mapping[str, Any]], tuple[dict[str, str], list[str]]],
+    *,
+    what: str,
+    log: Callable[[str], object] = print,
+) -> list[Path]:
+    """Read a JSON report, ``draw`` its SVGs (by file name, with a note for each left out),
+    log the notes and write the SVGs into ``out_dir``; ``ValueError`` when the report is
+    not an object, or has none of ``what`` to chart."""
+    report = json.loads(report_path.read_text(encoding="utf-8"))
+    if not isinstance(report, Mapping):
+        raise ValueError(f"{report_path}: not a JSON object")
+    charts, notes = draw(report)
+    for note in notes:
+        log(f"{report_path.name}: {note}")
+    if not charts:
+        raise ValueError(f"{report_path}: no {what} to chart")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, svg in charts.items():
+        path = out_dir / name
+        path.write_text(svg, encoding="utf-8")
         written.append(path)
     return written
 

@@ -22,7 +22,6 @@ be checked against their data (``tests/docs/test_contender_charts_images.py``).
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,7 +30,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from bench.charts import FASTER, SLOWER, WIDTH, chart_command
+from bench.charts import FASTER, SLOWER, WIDTH, chart_command, write_drawn
 from bench.drain import LABELS
 from bench.sustained import SYSTEMS as SUSTAINED_SYSTEMS
 
@@ -573,19 +572,9 @@ def contender_charts(report: Mapping[str, Any]) -> tuple[dict[str, str], list[st
 
 def write_contender_charts(report_path: Path, out_dir: Path, log: Any = print) -> list[Path]:
     """Read a report, write the charts it has figures for into ``out_dir``, log the others."""
-    report = json.loads(report_path.read_text(encoding="utf-8"))
-    charts, notes = contender_charts(report)
-    for note in notes:
-        log(f"{report_path.name}: {note}")
-    if not charts:
-        raise ValueError(f"{report_path}: no drain or sustained figures to chart")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, svg in charts.items():
-        path = out_dir / name
-        path.write_text(svg, encoding="utf-8")
-        written.append(path)
-    return written
+    return write_drawn(
+        report_path, out_dir, contender_charts, what="drain or sustained figures", log=log
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,6 @@ the JSON, so the committed images can be checked against their data
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -32,7 +31,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from bench.charts import FASTER, SLOWER, chart_command
+from bench.charts import FASTER, SLOWER, chart_command, write_drawn
 from bench.contender_charts import (
     INK,
     MUTED,
@@ -321,21 +320,7 @@ def workflow_charts(report: Mapping[str, Any]) -> tuple[dict[str, str], list[str
 
 def write_workflow_charts(report_path: Path, out_dir: Path, log: Any = print) -> list[Path]:
     """Read a report, write the charts it has figures for into ``out_dir``, log the others."""
-    report = json.loads(report_path.read_text(encoding="utf-8"))
-    if not isinstance(report, Mapping):
-        raise ValueError(f"{report_path}: not a bench.workflows --json report")
-    charts, notes = workflow_charts(report)
-    for note in notes:
-        log(f"{report_path.name}: {note}")
-    if not charts:
-        raise ValueError(f"{report_path}: no workflow figures to chart")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, svg in charts.items():
-        path = out_dir / name
-        path.write_text(svg, encoding="utf-8")
-        written.append(path)
-    return written
+    return write_drawn(report_path, out_dir, workflow_charts, what="workflow figures", log=log)
 
 
 def main(argv: list[str] | None = None) -> int:
