@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import itertools
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,7 +34,7 @@ from tests.support import bounded as bq
 from tests.support import history_app, nohistory_app
 from tests.support.app import ExecutionLog, Order, echo, gate, gated, reset_gates, slow_first
 from tests.support.lifecycle import backend_pid, wait_until_blocked
-from tests.support.running import pretend_claimed, wait_for, worker_thread
+from tests.support.running import Blocked, pretend_claimed, wait_for, worker_thread
 from tests.support.workflow_app import wf_flaky, wf_gather, wf_gather_async, wf_value
 from tests.support.workflow_combos import (
     URGENT_PRIORITY,
@@ -123,30 +122,6 @@ def no_overlap(rows: list[Any]) -> bool:
     return all(
         later.started_at >= earlier.finished_at for earlier, later in itertools.pairwise(rows)
     )
-
-
-class Blocked:
-    """Run ``fn`` in a thread, to prove that it waits for another transaction."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.result: list[Any] = []
-        self.error: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                self.result.append(fn())
-            except BaseException as exc:  # re-raised by value()
-                self.error.append(exc)
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-
-    def value(self) -> Any:
-        self.thread.join(15)
-        assert not self.thread.is_alive(), "the blocked transaction never went on"
-        if self.error:
-            raise self.error[0]
-        return self.result[0]
 
 
 # -- 1. queue_id ----------------------------------------------------------------------------

@@ -7,8 +7,6 @@ rolls back. A test that shared one connection between the two would prove nothin
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,7 +18,7 @@ from sqla_queue.workflows import Workflow
 from sqla_queue.workflows.admin import cancel_workflow_flow
 from sqla_queue.workflows.advance import ReleaseStatements, advance_flow
 from tests.support.app import gate, reset_gates
-from tests.support.running import worker_thread
+from tests.support.running import Blocked, worker_thread
 from tests.support.workflow_app import queue, wf_fail, wf_gather, wf_sum, wf_value
 
 pytestmark = pytest.mark.integration
@@ -41,34 +39,6 @@ def end_job(connection: Connection, job_id: int, status: str = "succeeded", resu
         .values(status=status, result=result, finished_at=func.now())
     )
     return drive(connection, advance_flow(RELEASE, [job_id]))
-
-
-class Blocked:
-    """Run ``fn`` in a thread; tell whether it is still waiting."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.result: list[Any] = []
-        self.error: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                self.result.append(fn())
-            except BaseException as exc:
-                self.error.append(exc)
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-
-    def still_waiting(self, seconds: float = 0.5) -> bool:
-        self.thread.join(seconds)
-        return self.thread.is_alive()
-
-    def value(self) -> Any:
-        self.thread.join(15)
-        assert not self.thread.is_alive(), "the blocked transaction never went on"
-        if self.error:
-            raise self.error[0]
-        return self.result[0]
 
 
 def executions_of(engine: Engine, job_id: int) -> int:

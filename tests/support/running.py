@@ -89,3 +89,35 @@ def states(SessionLocal: sessionmaker[Session], ids: list[int]) -> dict[str, int
             select(jobs.c.status, func.count()).where(jobs.c.id.in_(ids)).group_by(jobs.c.status)
         ).all()
     return {str(status): int(count) for status, count in rows}
+
+
+class Blocked:
+    """Run ``fn`` (a statement that should wait for another transaction's lock) in a
+    thread: :meth:`still_waiting` proves it waits, :meth:`value` returns what it returned
+    once it went on (or raises what it raised)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.result: list[Any] = []
+        self.error: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self.result.append(fn())
+            except BaseException as exc:  # re-raised by value()
+                self.error.append(exc)
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def still_waiting(self, seconds: float = 0.5) -> bool:
+        """Whether ``fn`` is still running after ``seconds``."""
+        self.thread.join(seconds)
+        return self.thread.is_alive()
+
+    def value(self) -> Any:
+        """What ``fn`` returned; fails the test if it has not finished within 15 s."""
+        self.thread.join(15)
+        assert not self.thread.is_alive(), "the blocked transaction never went on"
+        if self.error:
+            raise self.error[0]
+        return self.result[0]
