@@ -14,11 +14,7 @@ from collections.abc import Callable, Coroutine
 from functools import cached_property
 from typing import Any
 
-from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-from sqlalchemy.orm import Session
-
-from sqla_queue._binds import AnyBind, options_of
+from sqla_queue._binds import AnyBind, on_connection, tables_for
 from sqla_queue.conversation import Flow, Step, run_flow
 from sqla_queue.enqueue import TaskDefaults
 from sqla_queue.models.tables import QueueTables
@@ -95,21 +91,6 @@ class WorkflowWriter:
             )
         return found
 
-    def _for_bind(self, bind: AnyBind) -> WorkflowStatements:
-        connection: Any = bind
-        if isinstance(bind, Session):
-            connection = bind.connection()
-        elif isinstance(bind, AsyncSession):
-            # The options of an async session are its bind's: read without I/O.
-            connection = bind.bind
-        translate = None
-        if isinstance(connection, Connection | AsyncConnection):
-            translate = options_of(connection).get("schema_translate_map")
-        elif connection is not None:
-            translate = connection.get_execution_options().get("schema_translate_map")
-        tables = self.tables.translated(translate) if translate else self.tables
-        return self.statements_for(tables)
-
     def enqueue(
         self, session: AnyBind, workflow: Workflow
     ) -> WorkflowHandle | Coroutine[Any, Any, WorkflowHandle]:
@@ -122,15 +103,23 @@ class WorkflowWriter:
         if len(workflow) == 0:
             raise ValueError(f"workflow {workflow.name!r} has no nodes")
         rows = dump_node_rows(node_rows(workflow, self.defaults))
-        statements = self._for_bind(session)
-        return run_flow(session, enqueue_flow(statements, workflow, rows))
+
+        def write(connection: Any) -> Any:
+            # A tenant's connection (schema_translate_map) gets its schema's statements.
+            statements = self.statements_for(tables_for(self.tables, connection))
+            return run_flow(connection, enqueue_flow(statements, workflow, rows))
+
+        return on_connection(session, write)
 
 
 def enqueue_flow(statements: WorkflowStatements, workflow: Workflow, rows: str) -> Flow[Any]:
     """Write ``workflow`` (its nodes' JSON ``rows``); its :class:`WorkflowHandle`."""
     about_table, about_key = workflow.about if workflow.about else (None, None)
     if workflow.unique:
-        key = json.dumps([statements.tables.prefix, workflow.name, about_table, about_key])
+        tables = statements.tables
+        key = json.dumps(
+            [tables.effective_schema, tables.prefix, workflow.name, about_table, about_key]
+        )
         yield Step(statements.lock, {"key": key})
         found = yield Step(
             statements.live,

@@ -34,7 +34,14 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
-from sqla_queue import JobCancelledError, JobSpec, Queue, QueueFull
+from sqla_queue import (
+    JobCancelledError,
+    JobContext,
+    JobSpec,
+    Queue,
+    QueueFull,
+    WorkflowNotFoundError,
+)
 from sqla_queue.listing import list_jobs
 from sqla_queue.worker.background import libpq_url
 
@@ -66,6 +73,10 @@ def _tenant_queue(*, notify: bool = True) -> Queue:
     @q.periodic("0 * * * *", name="hourly")
     def hourly() -> None:
         return None
+
+    @q.task(name="total", pass_context=True)
+    def total(ctx: JobContext[Session]) -> int:
+        return sum(ctx.parent_results.values())
 
     return q
 
@@ -912,3 +923,26 @@ async def test_each_tenants_worker_runs_its_tenants_schedule(
         assert state["beat"].last_tick is not None
     with engine.connect() as connection:
         assert connection.scalar(text(f"SELECT to_regnamespace('{PLACEHOLDER}')")) is None
+
+
+def test_a_workflow_runs_in_its_tenants_schema(engine: Engine) -> None:
+    """A chord written and released on tenant B's connection: its rows, its release, its
+    callback's parent results and its status are all in B's schema; A sees none of it."""
+    double, total = queue.get_task("double"), queue.get_task("total")
+    with Session(tenant_engine(engine, B)) as session:
+        handle = queue.chord([double.call(n=n) for n in (1, 2, 3)], then=total.call()).enqueue(
+            session
+        )
+        session.commit()
+    run_tenant(engine, A)
+    assert job_rows(engine, A) == {}
+    run_tenant(engine, B)
+    status = queue.workflow_status(tenant_engine(engine, B), handle.id)
+    assert status.state == "succeeded"
+    with tenant_engine(engine, B).connect() as connection:
+        result = connection.execute(
+            select(queue.tables.jobs.c.result).where(queue.tables.jobs.c.id == handle.jobs["total"])
+        ).scalar_one()
+    assert result == 12
+    with pytest.raises(WorkflowNotFoundError):
+        queue.workflow_status(tenant_engine(engine, A), handle.id)
