@@ -306,9 +306,9 @@ class Decider:
                     self.buffer.isolated(len(outcomes))
             self.completed(outcomes, [row[0] for row in results[0]])
             jobs = self.accept_claim(results[-1], size, now, make_context) if size else []
-            if nodes is not None:
-                # A release decided after the claim (a fan-in's last parent) is claimed
-                # by the next claim: at once.
+            if nodes is not None and nodes.followed:
+                # A release decided after the claim (a fan-in's last parent, an
+                # expansion's first nodes) is claimed by the next claim: at once.
                 self.pacer.reopen()
             # After the claim, which sets the next poll: a parked key may bring it closer.
             keys_at = 1 + len(node_steps)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqla_queue.conversation import Flow, Step
@@ -25,14 +24,27 @@ from sqla_queue.workflows.write import WorkflowWriter, expand_flow
 __all__ = ["NodeFlush", "WorkflowNodes", "expansion_of", "node_completion_flow"]
 
 
-@dataclass(frozen=True)
 class NodeFlush:
     """What a flush of node outcomes adds: ``steps`` sent right after the completion, and
-    ``after``, which reads the completion's rows and theirs (in that order) and says what
-    else runs before the commit."""
+    :meth:`after`, which reads the completion's rows and theirs (in that order) and says
+    what else runs before the commit."""
 
-    steps: list[Step]
-    after: Callable[[Sequence[Sequence[Any]]], Flow[Any] | None]
+    def __init__(
+        self,
+        steps: list[Step],
+        after: Callable[[Sequence[Sequence[Any]]], Flow[Any] | None],
+    ) -> None:
+        self.steps = steps
+        self._after = after
+        #: Whether :meth:`after` had more to run: a release decided after the claim that
+        #: was sent with the completion, which that claim could not see.
+        self.followed = False
+
+    def after(self, rows: Sequence[Sequence[Any]]) -> Flow[Any] | None:
+        """The flow to run before the commit, if any."""
+        flow = self._after(rows)
+        self.followed = flow is not None
+        return flow
 
 
 def expansion_of(context: Any) -> Expansion | None:
