@@ -10,6 +10,7 @@
 from sqla_queue.admin import RequeueReport
 from sqla_queue.controls import RateLimit, TaskControl
 from sqla_queue.daemons import DaemonBackoff, DaemonContext, DaemonStatus
+from sqla_queue.durable import RowCondition, Signalled, StepRecord, SuspendedJob
 from sqla_queue.errors import (
     CancelBlockedError,
     DuplicateJobError,
@@ -23,7 +24,9 @@ from sqla_queue.errors import (
     QueueFull,
     ResultTimeoutError,
     SchemaMismatchError,
+    SignalTimeoutError,
     SqlaQueueError,
+    StepNotCommittedError,
     TaskAlreadyRegisteredError,
     UnknownTaskError,
     WorkerStoppedError,
@@ -94,11 +97,17 @@ __all__ = [
     "ResultTimeoutError",
     "Retry",
     "RetryPolicy",
+    "RowCondition",
     "RunStats",
     "Schedule",
     "ScheduleState",
     "SchemaMismatchError",
+    "SignalTimeoutError",
+    "Signalled",
     "SqlaQueueError",
+    "StepNotCommittedError",
+    "StepRecord",
+    "SuspendedJob",
     "Task",
     "TaskAlreadyRegisteredError",
     "TaskControl",

@@ -18,7 +18,9 @@ __all__ = [
     "QueueFull",
     "ResultTimeoutError",
     "SchemaMismatchError",
+    "SignalTimeoutError",
     "SqlaQueueError",
+    "StepNotCommittedError",
     "TaskAlreadyRegisteredError",
     "UnknownTaskError",
 ]
@@ -190,3 +192,33 @@ class IsolationLevelError(SqlaQueueError, RuntimeError):
     taken earlier, so the count could miss them: enqueue bounded tasks in ``READ
     COMMITTED`` transactions (PostgreSQL's default). Nothing was written.
     """
+
+
+class StepNotCommittedError(SqlaQueueError, RuntimeError):
+    """A durable job's step (or cursor move, or wait) could not be committed, and its
+    writes were rolled back.
+
+    ``reason`` says why: ``"lost"`` (the job's execution was reclaimed by another worker,
+    which runs it now), ``"cancelled"`` (someone cancelled the job: it commits no more
+    steps), or ``"committed"`` (another attempt committed this step first). The attempt
+    should stop: raising this error on ends it.
+    """
+
+    def __init__(self, message: str, *, job_id: int, step: str, reason: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.step = step
+        self.reason = reason
+
+
+class SignalTimeoutError(SqlaQueueError, TimeoutError):
+    """``ctx.wait_for_signal`` (or ``ctx.wait_until``) reached its deadline first.
+
+    Raised in the handler when the job wakes at the deadline; catch it to take another
+    branch. The deadline was recorded when the wait began, so a replay raises it again.
+    """
+
+    def __init__(self, message: str, *, job_id: int, wait: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.wait = wait

@@ -37,6 +37,7 @@ from sqla_queue.models import DEFAULT_PREFIX, build_tables, map_classes
 from sqla_queue.models.mapped import map_workflow_class
 from sqla_queue.models.tables import HistoryLayout, QueueTables
 from sqla_queue.periodic import Schedule, ScheduleState, read_schedules
+from sqla_queue.queue_durable import DurableMethods
 from sqla_queue.queue_links import RowLinks
 from sqla_queue.queue_workflows import WorkflowMethods
 from sqla_queue.registry import DaemonFn, QueueDefaults, TaskLimit, TaskRegistry
@@ -123,7 +124,7 @@ def _rate_limited(session: Session | Connection, tables: QueueTables) -> list[st
     return [c.task for c in controls.stored_controls(session, tables) if c.rate_limit is not None]
 
 
-class Queue(WorkflowMethods, RowLinks):
+class Queue(WorkflowMethods, RowLinks, DurableMethods):
     """A job queue whose tables live in your application's own metadata.
 
     ``queue = Queue(Base)`` puts the queue's models in a declarative ``Base``'s metadata (so

@@ -24,6 +24,8 @@ from alembic_ext.versions import (
     v5,
     v5_to_v6,
     v6,
+    v6_to_v7,
+    v7,
 )
 
 __all__ = [
@@ -59,6 +61,7 @@ _RELEASES: dict[int, _Release] = {
     v4.VERSION: _Release(v4.create_statements, v4.drop_statements, v4.TABLES),
     v5.VERSION: _Release(v5.create_statements, v5.drop_statements, v5.TABLES),
     v6.VERSION: _Release(v6.create_statements, v6.drop_statements, v6.TABLES),
+    v7.VERSION: _Release(v7.create_statements, v7.drop_statements, v7.TABLES),
 }
 # _STEPS[n] goes from version n to n + 1.
 _STEPS: dict[int, _Step] = {
@@ -67,6 +70,7 @@ _STEPS: dict[int, _Step] = {
     v3_to_v4.FROM_VERSION: _Step(v3_to_v4.upgrade_statements, v3_to_v4.downgrade_statements),
     v4_to_v5.FROM_VERSION: _Step(v4_to_v5.upgrade_statements, v4_to_v5.downgrade_statements),
     v5_to_v6.FROM_VERSION: _Step(v5_to_v6.upgrade_statements, v5_to_v6.downgrade_statements),
+    v6_to_v7.FROM_VERSION: _Step(v6_to_v7.upgrade_statements, v6_to_v7.downgrade_statements),
 }
 
 LATEST_VERSION = max(_RELEASES)

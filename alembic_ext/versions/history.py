@@ -1,7 +1,7 @@
-"""The partitioned history layout, frozen for schema versions 5 and 6: to it and back.
+"""The partitioned history layout, frozen for schema versions 5, 6 and 7: to it and back.
 
-Version 6 left the jobs table as version 5 had it (its step added tables and an executions
-column), so the same statements serve both.
+Versions 6 and 7 left the jobs table as version 5 had it (their steps added tables and
+changed only the executions table), so the same statements serve all three.
 
 ``op.partition_history(version=5)`` (and ``op.create_queue(..., history="partitioned")``,
 which runs it right after creating the tables) replaces the jobs table by one partitioned
@@ -30,7 +30,7 @@ from alembic_ext.versions._names import Names
 __all__ = ["VERSIONS", "partition_statements", "unpartition_statements"]
 
 #: The schema versions whose jobs table this module knows (the same table in each).
-VERSIONS = (5, 6)
+VERSIONS = (5, 6, 7)
 
 _TABLES = frozenset(
     {

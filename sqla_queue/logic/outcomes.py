@@ -59,6 +59,9 @@ class OutcomeKind(enum.StrEnum):
     RELEASE = "release"
     #: The handler returned after its worker told it the job was cancelled.
     CANCELLED = "cancelled"
+    #: A durable job began to wait: its suspension was committed by the handler itself
+    #: (the attempt not counted). Never written by the completion statement.
+    SUSPENDED = "suspended"
 
     @classmethod
     def final(cls) -> tuple[OutcomeKind, ...]:
@@ -69,6 +72,11 @@ class OutcomeKind(enum.StrEnum):
     def back_to_pending(cls) -> tuple[OutcomeKind, ...]:
         """Kinds that put the execution back in the queue for another run."""
         return (cls.RETRY, cls.RESCHEDULE, cls.RELEASE)
+
+    @classmethod
+    def settled_by_handler(cls) -> tuple[OutcomeKind, ...]:
+        """Kinds the handler's own transaction wrote: the completion never sees them."""
+        return (cls.SUSPENDED,)
 
     @classmethod
     def recorded(cls) -> tuple[OutcomeKind, ...]:

@@ -195,6 +195,9 @@ def executions_table(metadata: MetaData, schema: str | None, prefix: str) -> Tab
         # Version 6. The job is a workflow's node: its completion also releases its
         # dependents. The claim returns it, so a batch without nodes pays nothing.
         Column("workflow", Boolean, nullable=False, server_default=text("false")),
+        # Version 7. What a suspended durable job waits for ("sleep", "signal:<name>",
+        # "row:<condition>:<key>", "version:<step>"); its execute_at is until when.
+        Column("wait", Text, nullable=True),
         CheckConstraint(
             f"state IN ({_in(ExecutionState.ALL)})", name=conv(f"{exec_name}_state_ck")
         ),
@@ -278,6 +281,12 @@ def executions_table(metadata: MetaData, schema: str | None, prefix: str) -> Tab
         unique=True,
         postgresql_where=executions.c.slot.is_not(None),
     )
+    # Version 7: suspended durable jobs, outside every index above but the slot's (they
+    # hold no seat). The wake sweep walks them by due time; a signal finds its job by id,
+    # and a condition's flush finds the jobs waiting on a row by what they wait for.
+    suspended = executions.c.state == ExecutionState.SUSPENDED
+    Index(conv(f"{exec_name}_suspended_ix"), executions.c.execute_at, postgresql_where=suspended)
+    Index(conv(f"{exec_name}_wait_ix"), executions.c.wait, postgresql_where=suspended)
     # Version 5: a bounded task's enqueue counts its waiting executions by task (its
     # pending ones are counted in the two claim indexes, whose first column is the task).
     Index(

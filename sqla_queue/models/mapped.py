@@ -97,6 +97,8 @@ class JobExecution:
     cancel_requested: bool
     #: The job is a workflow's node: its completion also releases its dependents.
     workflow: bool
+    #: What a suspended durable job waits for (schema version 7), else None.
+    wait: str | None
 
     def __repr__(self) -> str:
         return f"<JobExecution id={self.id} task={self.task!r} state={self.state!r}>"

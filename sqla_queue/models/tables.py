@@ -1,6 +1,6 @@
 """The queue's tables, built into the host application's own MetaData.
 
-A queue has twelve tables, each with a role: the fields of :class:`QueueTables` that hold a
+A queue has fourteen tables, each with a role: the fields of :class:`QueueTables` that hold a
 ``Table`` name them (:data:`TABLE_ROLES`, in creation order). Each table has its builder in
 :mod:`sqla_queue.models.builders`; :func:`build_tables` composes them, tags each table with
 its role for the tooling, and registers the queue in the metadata.
@@ -29,6 +29,7 @@ from sqla_queue.models.builders import (
     workflow_nodes_table,
     workflows_table,
 )
+from sqla_queue.models.durable import job_signals_table, job_steps_table
 from sqla_queue.models.partitioning import attach_partition_ddl
 from sqla_queue.models.placement import resolve_schema, translated_schema
 from sqla_queue.models.vocabulary import (
@@ -40,6 +41,7 @@ from sqla_queue.models.vocabulary import (
     NodeState,
     ParentFailure,
     ParentPolicy,
+    StepKind,
     UniqueScope,
     check_history,
     parse_schema_version_comment,
@@ -57,6 +59,7 @@ __all__ = [
     "ParentFailure",
     "ParentPolicy",
     "QueueTables",
+    "StepKind",
     "UniqueScope",
     "build_tables",
     "check_history",
@@ -88,6 +91,8 @@ class QueueTables:
     workflows: Table
     workflow_nodes: Table
     workflow_edges: Table
+    job_steps: Table
+    job_signals: Table
     schema: str | None
     prefix: str
     #: The :class:`HistoryLayout` of the jobs table.
@@ -193,6 +198,8 @@ def build_tables(
         workflows=workflows_table(metadata, schema, prefix),
         workflow_nodes=workflow_nodes_table(metadata, schema, prefix),
         workflow_edges=workflow_edges_table(metadata, schema, prefix),
+        job_steps=job_steps_table(metadata, schema, prefix),
+        job_signals=job_signals_table(metadata, schema, prefix),
         schema=schema,
         prefix=prefix,
         history=history,

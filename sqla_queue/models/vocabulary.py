@@ -19,6 +19,7 @@ __all__ = [
     "NodeState",
     "ParentFailure",
     "ParentPolicy",
+    "StepKind",
     "UniqueScope",
     "check_history",
     "parse_schema_version_comment",
@@ -30,7 +31,7 @@ DEFAULT_PREFIX = "sqla_queue_"
 
 #: The schema version that these models describe. Each released version is frozen in
 #: ``alembic_ext`` so that an old migration never changes meaning.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _VERSION_COMMENT = "sqla_queue schema version {}"
 _VERSION_ANYWHERE = re.compile(r"sqla_queue schema version (\d+)")
@@ -86,14 +87,35 @@ class ExecutionState:
     job queued behind an earlier job of its key, kept out of the claim's indexes until the
     key's turn comes; ``done`` is a finished execution that could not be deleted at once
     because an enqueue in flight holds it as the predecessor of a new waiting job (the next
-    maintenance sweep deletes it and promotes the key's next job).
+    maintenance sweep deletes it and promotes the key's next job). ``suspended`` (schema
+    version 7) is a durable job that waits (a sleep, a signal, a condition on the app's
+    rows): it holds no worker and no seat, its ``wait`` column says what it waits for and
+    its ``execute_at`` until when; a signal, a condition's flush or the wake sweep makes it
+    ``pending`` again.
     """
 
     PENDING = "pending"
     RUNNING = "running"
     WAITING = "waiting"
     DONE = "done"
-    ALL = (PENDING, RUNNING, WAITING, DONE)
+    SUSPENDED = "suspended"
+    ALL = (PENDING, RUNNING, WAITING, DONE, SUSPENDED)
+    #: Queued, and held by no worker: what a cancel removes at once.
+    IDLE = (PENDING, WAITING, SUSPENDED)
+
+
+class StepKind:
+    """Values of ``job_steps.kind`` (schema version 7): what a durable job's checkpoint is.
+
+    ``step``: a step's result, committed with the step's writes. ``cursor``: the position
+    of a long loop, moved with each batch's writes. ``wait``: the deadline of a sleep or
+    of a wait for a signal or a condition, recorded when the wait began.
+    """
+
+    STEP = "step"
+    CURSOR = "cursor"
+    WAIT = "wait"
+    ALL = (STEP, CURSOR, WAIT)
 
 
 class UniqueScope:

@@ -219,6 +219,8 @@ def required_privileges(tables: QueueTables, schema: str) -> list[RequiredPrivil
         tables.workflows,
         tables.workflow_nodes,
         tables.workflow_edges,
+        tables.job_steps,
+        tables.job_signals,
     )
     for table in written:
         needed += [RequiredPrivilege("table", table.name, p) for p in DATA_PRIVILEGES]

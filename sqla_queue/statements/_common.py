@@ -29,6 +29,7 @@ __all__ = [
     "QUEUED",
     "RUNNING",
     "SUCCEEDED",
+    "SUSPENDED",
     "WAITING",
     "due_at",
     "has_key",
@@ -53,6 +54,7 @@ PENDING = state_literal(ExecutionState.PENDING)
 RUNNING = state_literal(ExecutionState.RUNNING)
 WAITING = state_literal(ExecutionState.WAITING)
 DONE = state_literal(ExecutionState.DONE)
+SUSPENDED = state_literal(ExecutionState.SUSPENDED)
 QUEUED = state_literal(JobStatus.QUEUED)
 SUCCEEDED = state_literal(JobStatus.SUCCEEDED)
 FAILED = state_literal(JobStatus.FAILED)

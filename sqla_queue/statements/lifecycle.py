@@ -45,6 +45,7 @@ from sqla_queue.statements._common import (
     PENDING,
     QUEUED,
     RUNNING,
+    SUSPENDED,
     WAITING,
     notify_waiters,
 )
@@ -114,7 +115,8 @@ def cancel_statement(tables: QueueTables) -> Select[Any]:
         .with_for_update(of=ex, key_share=True)
         .cte("target")
     )
-    queued = target.c.state.in_([PENDING, WAITING])
+    # A suspended durable job is held by no worker either: it goes at once.
+    queued = target.c.state.in_([PENDING, WAITING, SUSPENDED])
     dropped = (
         delete(ex)
         .where(ex.c.id == target.c.id, queued, target.c.queue_id.is_(None))

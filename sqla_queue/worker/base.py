@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from sqla_queue._sqlstate import is_unique_violation_of, sqlstate_of
+from sqla_queue.durable.context import DurableSupport
 from sqla_queue.instrumentation import combine_observers
 from sqla_queue.logic.outcomes import ClaimedJob
 from sqla_queue.models.tables import HistoryLayout
@@ -58,6 +59,8 @@ class RunStats:
     fenced: int
     #: Handlers that stopped after their job was cancelled while they ran.
     cancelled: int = 0
+    #: Durable handlers that suspended their job (a sleep, a wait for a signal or a row).
+    suspended: int = 0
 
 
 def bound_engine(session_factory: Any) -> Any:
@@ -205,6 +208,8 @@ class WorkerBase:
 
     def _make_context(self, decider: Decider) -> ContextFactory:
         tasks = self.plan.tasks
+        writer = self.plan.workflows
+        durable = DurableSupport(self.plan.tables, writer.defaults) if writer is not None else None
 
         def make(job: ClaimedJob) -> JobContext[Any] | None:
             if not tasks[job.task].pass_context:
@@ -220,6 +225,7 @@ class WorkerBase:
                 stop_flag=decider.stop_flag,
                 read_session_factory=self.read_session_factory,
                 workflows=self.plan.workflows if job.workflow else None,
+                durable=durable,
             )
 
         return make

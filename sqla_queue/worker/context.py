@@ -14,6 +14,7 @@ from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from sqla_queue.durable.context import DurableContext, DurableSupport
 from sqla_queue.spec import JobSpec
 from sqla_queue.statements.workflows import parent_results_statement
 from sqla_queue.workflows.graph import Expansion, dump_node_rows, node_rows
@@ -25,7 +26,7 @@ __all__ = ["JobContext"]
 S = TypeVar("S")
 
 
-class JobContext(Generic[S]):
+class JobContext(DurableContext, Generic[S]):
     """What a running handler may know about its job and its worker.
 
     ``session`` opens a session from the worker's own factory on first use (a ``Session``
@@ -49,6 +50,7 @@ class JobContext(Generic[S]):
         stop_flag: threading.Event,
         read_session_factory: Callable[[], S] | None = None,
         workflows: WorkflowWriter | None = None,
+        durable: DurableSupport | None = None,
     ) -> None:
         self.job_id = job_id
         self.task = task
@@ -74,6 +76,10 @@ class JobContext(Generic[S]):
         self._workflows = workflows
         self._parent_results: dict[str, Any] | None = None
         self._expansion: Expansion | None = None
+        # Durable steps and waits (see DurableContext): the queue's tables, and this
+        # attempt's record of them once the handler uses one.
+        self._durable_support = durable
+        self._durable_run = None
 
     # -- workflows ---------------------------------------------------------------------
 

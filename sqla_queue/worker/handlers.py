@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from sqla_queue.conversation import drive, drive_async
+from sqla_queue.durable.run import JobSuspended
 from sqla_queue.instrumentation import WorkerObserver, combine_observers, job_log_fields
 from sqla_queue.logic.outcomes import (
     ClaimedJob,
@@ -34,9 +35,13 @@ from sqla_queue.logic.outcomes import (
     check_outcome,
     outcome_for_error,
     outcome_for_return,
-    outcome_refused,
-    plain_error_entry,
     sanitize_text,
+)
+from sqla_queue.worker.attempt_ends import (
+    describe,
+    observer_of,
+    plain_failure,
+    suspended_outcome,
 )
 from sqla_queue.worker.context import JobContext
 from sqla_queue.worker.plan import TaskRuntime
@@ -150,7 +155,7 @@ class HandlerRunner:
         self.settle = settle
         # Guarded (CompositeObserver): an observer that raises must not lose the job.
         self.observer = (
-            combine_observers([observer]) if observer is not None else _observer_of(record)
+            combine_observers([observer]) if observer is not None else observer_of(record)
         )
 
     def call_arguments(self, running: RunningJob) -> list[Any]:
@@ -170,6 +175,8 @@ class HandlerRunner:
             try:
                 if not held_back:
                     value = running.runtime.handler(*self.call_arguments(running), **running.kwargs)
+            except JobSuspended:
+                outcome, applied = suspended_outcome(running.job), True
             except BaseException as exc:  # SystemExit too: recorded, then a graceful stop
                 raised = exc
                 outcome = self.outcome_of_error(running, exc)
@@ -179,8 +186,9 @@ class HandlerRunner:
                     if held_back
                     else self.outcome_of_return(running, value)
                 )
-            outcome = self._cancelled_or(running, outcome)
-            if self._commits_with_handler(running, outcome, raised):
+            if applied is None:
+                outcome = self._cancelled_or(running, outcome)
+            if applied is None and self._commits_with_handler(running, outcome, raised):
                 settled = self._complete_in_session_sync(running, outcome)
                 if isinstance(settled, Outcome):
                     outcome = settled
@@ -234,14 +242,17 @@ class HandlerRunner:
                 outcome = self.outcome_of_error(running, exc)
             except GeneratorExit:
                 raise  # not the handler's failure: see below
+            except JobSuspended:
+                outcome, applied = suspended_outcome(running.job), True
             except BaseException as exc:
                 raised = exc
                 outcome = self.outcome_of_error(running, exc)
             else:
                 outcome = self.outcome_of_return(running, value)
             running.handler_done = True
-            outcome = self._cancelled_or(running, outcome)
-            if self._commits_with_handler(running, outcome, raised):
+            if applied is None:
+                outcome = self._cancelled_or(running, outcome)
+            if applied is None and self._commits_with_handler(running, outcome, raised):
                 settled = await self._complete_in_session_async(running, outcome)
                 if isinstance(settled, Outcome):
                     outcome = settled
@@ -523,7 +534,7 @@ class HandlerRunner:
         stored (a retry policy whose delay is out of range), the job fails for good.
         """
         if not isinstance(problem, InvalidOutcomeError):
-            message = f"the outcome of this attempt could not be built: {_describe(problem)}"
+            message = f"the outcome of this attempt could not be built: {describe(problem)}"
             reason: Exception = InvalidOutcomeError(message)
             reason.__cause__ = problem
         else:
@@ -537,7 +548,7 @@ class HandlerRunner:
             )
             check_outcome(outcome, now)
         except Exception:
-            outcome = _plain_failure(running.job, reason, worker_id=self.worker_id, now=now)
+            outcome = plain_failure(running.job, reason, worker_id=self.worker_id, now=now)
         self._log_error(running, outcome, type(reason).__name__)
         return outcome
 
@@ -556,41 +567,3 @@ class HandlerRunner:
             outcome.kind.value,
             extra=job_log_fields(running.job),
         )
-
-
-def _plain_failure(
-    job: ClaimedJob, reason: Exception, *, worker_id: uuid.UUID, now: dt.datetime
-) -> Outcome:
-    """The job's final failure for ``reason``; as plain as it gets if even that fails."""
-    try:
-        outcome = outcome_refused(job, reason, worker_id=worker_id, now=now)
-        check_outcome(outcome, now)
-    except Exception:
-        error = plain_error_entry(
-            job.attempt,
-            "sqla_queue.logic.outcomes.InvalidOutcomeError",
-            "the outcome of this attempt could not be built or stored",
-            worker_id,
-            now,
-        )
-        outcome = Outcome(job.id, job.attempt, OutcomeKind.FAILED, error=error)
-    return outcome
-
-
-def _observer_of(record: Callable[..., Any]) -> WorkerObserver | None:
-    """The observers of the settings of the worker decider ``record`` is a method of.
-
-    How a runner built without ``observer=`` finds the worker's ``observers`` setting.
-    """
-    settings = getattr(getattr(record, "__self__", None), "settings", None)
-    observers = getattr(settings, "observers", ())
-    return combine_observers(observers) if observers else None
-
-
-def _describe(exc: BaseException) -> str:
-    try:
-        text = str(exc)
-    except Exception:
-        text = ""
-    text, _ = sanitize_text(text[:500])
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

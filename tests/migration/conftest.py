@@ -177,6 +177,12 @@ def v5_history_project(tmp_path: Path, empty_db_url: str) -> HostProject:
 
 
 @pytest.fixture
+def v6_history_project(tmp_path: Path, empty_db_url: str) -> HostProject:
+    """The host's history as it was while schema version 6 was the newest (up to 0007)."""
+    return write_project(tmp_path / "project", empty_db_url, with_history=True, until="0007")
+
+
+@pytest.fixture
 def new_db(db_factory: DatabaseFactory) -> Iterator[Callable[[], str]]:
     """Make extra empty databases within one test; all are dropped afterwards."""
     made: list[str] = []

@@ -1,6 +1,6 @@
 """A worker of an earlier release, reduced to the frozen SQL it sends (claim and completion).
 
-Each release's package (``v1_worker`` to ``v5_worker``) holds that release's statements as
+Each release's package (``v1_worker`` to ``v6_worker``) holds that release's statements as
 copied text and subclasses :class:`FrozenWorker` with them; only the SQL differs between
 releases, and the parameters they take are the same but for the constants
 that a release's compiled text binds (its ``COMPLETE_CONSTANTS``).

@@ -142,6 +142,8 @@ def test_the_guide_works_as_written(tmp_path: Path, empty_db_url: str) -> None:
             "sqla_queue_workflows",
             "sqla_queue_workflow_nodes",
             "sqla_queue_workflow_edges",
+            "sqla_queue_job_steps",
+            "sqla_queue_job_signals",
         }
     _shell("alembic downgrade -1", project, empty_db_url)
     with engine.connect() as connection:
@@ -187,5 +189,7 @@ def test_the_guide_works_as_written(tmp_path: Path, empty_db_url: str) -> None:
             "sqla_queue_workflows",
             "sqla_queue_workflow_nodes",
             "sqla_queue_workflow_edges",
+            "sqla_queue_job_steps",
+            "sqla_queue_job_signals",
         }
     engine.dispose()

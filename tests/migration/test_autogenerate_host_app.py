@@ -82,6 +82,8 @@ def test_autogenerate_renders_the_queue_op_and_upgrade_builds_the_create_all_sch
         "sqla_queue_workflows",
         "sqla_queue_workflow_nodes",
         "sqla_queue_workflow_edges",
+        "sqla_queue_job_steps",
+        "sqla_queue_job_signals",
     }
     with engine.connect() as connection:
         queue.verify(connection)

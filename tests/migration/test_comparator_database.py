@@ -124,6 +124,8 @@ def test_without_alembic_ext_alembic_would_create_the_queue_tables_itself(
         "sqla_queue_workflows",
         "sqla_queue_workflow_nodes",
         "sqla_queue_workflow_edges",
+        "sqla_queue_job_steps",
+        "sqla_queue_job_signals",
     } <= table_names(ops)
     assert not any(isinstance(op, CreateQueueOp) for op in ops)
 
@@ -204,8 +206,8 @@ def test_a_queue_removed_from_the_metadata_is_dropped_by_drop_queue(
     with engine.connect() as connection:
         ops = autogenerate(connection, metadata, include_schemas=include_schemas)
     # One drop_queue at the queue's version owns all of its tables: no drop_table of
-    # task_limits (version 2), unique_keys (version 4) or the tables of versions 5 and 6 is
-    # left.
+    # task_limits (version 2), unique_keys (version 4) or the tables of versions 5, 6 and 7
+    # is left.
     assert ops[-1] == DropQueueOp(schema, "sqla_queue_", version=version)
     assert table_names(ops) == {"accounts"}
     with engine.begin() as connection:
@@ -273,6 +275,11 @@ _ADDED_BY_VERSION = {
     6: {
         ("column", "workflow"),
     },
+    7: {
+        ("column", "wait"),
+        ("index", "sqla_queue_job_executions_suspended_ix"),
+        ("index", "sqla_queue_job_executions_wait_ix"),
+    },
 }
 # The tables each version adds, with all their columns, indexes and constraints.
 _TABLES_ADDED_BY_VERSION = {
@@ -290,10 +297,11 @@ _TABLES_ADDED_BY_VERSION = {
         "sqla_queue_workflow_nodes",
         "sqla_queue_workflow_edges",
     },
+    7: {"sqla_queue_job_steps", "sqla_queue_job_signals"},
 }
 
 
-@pytest.mark.parametrize("old_version", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("old_version", [1, 2, 3, 4, 5, 6])
 def test_an_older_database_gets_one_upgrade_queue_to_the_latest_and_keeps_its_rows(
     engine: Engine, old_version: int
 ) -> None:

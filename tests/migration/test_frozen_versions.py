@@ -200,3 +200,48 @@ def check_step(new_db: Callable[[], str], from_version: int) -> None:
         assert connection.execute(_ROWS).all() == before
     engine.dispose()
     assert differences(schema_snapshot(upgraded), before_schema) == []
+
+
+def test_the_step_down_from_7_makes_suspended_jobs_pending_and_drops_their_steps(
+    new_db: Callable[[], str],
+) -> None:
+    """Version 6 has no ``suspended`` state: its workers must be able to run such a job."""
+    engine = engine_for(new_db())
+    with engine.begin() as connection:
+        operations = Operations(MigrationContext.configure(connection))
+        operations.invoke(CreateQueueOp("work", "sqla_queue_", version=7))
+        _seed_live_data(connection)
+        connection.execute(
+            text(
+                "UPDATE work.sqla_queue_job_executions SET state = 'suspended', "
+                "wait = 'signal:approved', execute_at = now() + interval '1 day' WHERE id = 2"
+            )
+        )
+        connection.execute(
+            text(
+                "INSERT INTO work.sqla_queue_job_steps (job_id, name, kind, attempt) "
+                "VALUES (2, 'charge', 'step', 1)"
+            )
+        )
+        connection.execute(
+            text("INSERT INTO work.sqla_queue_job_signals (job_id, name) VALUES (2, 'approved')")
+        )
+        operations.invoke(UpgradeQueueOp(7, 6, "work", "sqla_queue_"))
+        due = connection.execute(
+            text("SELECT execute_at <= now() FROM work.sqla_queue_job_executions WHERE id = 2")
+        ).scalar_one()
+        rows = connection.execute(_ROWS).all()
+        tables = connection.execute(
+            text(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = 'work' "
+                "AND tablename IN ('sqla_queue_job_steps', 'sqla_queue_job_signals')"
+            )
+        ).scalar_one()
+    engine.dispose()
+    assert [tuple(r) for r in rows] == [
+        (1, "succeeded", None, None),
+        (2, "queued", "pending", 0),
+        (3, "queued", "running", 1),
+    ]
+    assert due is True
+    assert tables == 0

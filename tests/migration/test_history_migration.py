@@ -5,8 +5,8 @@
 * ``op.partition_history`` converts a plain queue holding jobs: every row, the
   next id and the grants carry over, finished jobs then move into time partitions with
   ``maintain --backfill``; ``op.unpartition_history`` goes back, and a plain model verifies.
-* A queue partitioned at version 5 is still partitioned after the step to version 6, which
-  leaves the jobs table alone.
+* A queue partitioned at version 5 or 6 is still partitioned after the steps to the latest
+  version, which leave the jobs table alone.
 """
 
 from __future__ import annotations
@@ -89,14 +89,15 @@ def test_create_queue_partitioned_is_what_the_model_verifies(engine: Engine) -> 
             queue_for("plain").verify(connection)
 
 
-def test_a_queue_partitioned_at_version_5_stays_partitioned_through_the_step_to_6(
-    engine: Engine,
+@pytest.mark.parametrize("from_version", [5, 6])
+def test_a_queue_partitioned_at_an_older_version_stays_partitioned_through_the_steps(
+    engine: Engine, from_version: int
 ) -> None:
     with engine.begin() as connection:
-        apply(connection, CreateQueueOp(None, PREFIX, version=5, history="partitioned"))
+        apply(connection, CreateQueueOp(None, PREFIX, version=from_version, history="partitioned"))
         fill(connection)
         before = counts(connection)
-        apply(connection, UpgradeQueueOp(5, 6, None, PREFIX))
+        apply(connection, UpgradeQueueOp(from_version, LATEST_VERSION, None, PREFIX))
     with engine.connect() as connection:
         queue_for("partitioned").verify(connection)
         assert counts(connection) == before

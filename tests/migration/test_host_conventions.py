@@ -61,6 +61,8 @@ QUEUE_TABLES = (
     "workflows",
     "workflow_nodes",
     "workflow_edges",
+    "job_steps",
+    "job_signals",
 )
 SUCCEEDED = [["succeeded", 2], ["succeeded", 4]]
 

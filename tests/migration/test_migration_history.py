@@ -7,9 +7,10 @@ like the same project after upgrading the library, to schema version 3 in revisi
 (``op.upgrade_queue(from_version=2, to_version=3)``) after the next upgrade, to schema
 version 4 in revision 0005 (``op.upgrade_queue(from_version=3, to_version=4)``) after the
 one after that, to schema version 5 in revision 0006
-(``op.upgrade_queue(from_version=4, to_version=5)``) after the next, and to schema version 6
-in revision 0007 (``op.upgrade_queue(from_version=5, to_version=6)``) after the latest. The
-earlier revisions are left as they were written.
+(``op.upgrade_queue(from_version=4, to_version=5)``) after the next, to schema version 6
+in revision 0007 (``op.upgrade_queue(from_version=5, to_version=6)``) after the next, and to
+schema version 7 in revision 0008 (``op.upgrade_queue(from_version=6, to_version=7)``) after
+the latest. The earlier revisions are left as they were written.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def test_single_head_revision(history_project: HostProject) -> None:
 def test_upgrade_one_revision_at_a_time(history_project: HostProject) -> None:
     config = history_project.config()
     revisions = _revisions_base_to_head(history_project)
-    assert revisions == ["0001", "0002", "0003", "0004", "0005", "0006", "0007"]
+    assert revisions == ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008"]
     engine = engine_for(history_project.url)
     versions_seen: list[int | None] = []
     for revision in revisions:
@@ -50,12 +51,13 @@ def test_upgrade_one_revision_at_a_time(history_project: HostProject) -> None:
         with engine.connect() as connection:
             versions_seen.append(find_missing(connection, queue.tables)[1])
     with engine.connect() as connection:
-        assert MigrationContext.configure(connection).get_current_heads() == ("0007",)
+        assert MigrationContext.configure(connection).get_current_heads() == ("0008",)
         queue.verify(connection)
     engine.dispose()
     # No queue before 0002, version 1 after it, 2 after 0003, 3 after 0004 and 4 after 0005
-    # (an old revision never changes meaning), 5 after 0006, 6 after 0007: the latest.
-    assert versions_seen == [None, 1, 2, 3, 4, 5, 6]
+    # (an old revision never changes meaning), 5 after 0006, 6 after 0007, 7 after 0008: the
+    # latest.
+    assert versions_seen == [None, 1, 2, 3, 4, 5, 6, 7]
     assert versions_seen[-1] == LATEST_VERSION
 
 
@@ -64,7 +66,7 @@ def test_model_definitions_match_ddl(
 ) -> None:
     """After the history, autogenerate (through the host's env.py) finds nothing to do.
 
-    The queue built by create_queue(version=1) and the steps to 2, 3, 4, 5 and 6 is also
+    The queue built by create_queue(version=1) and the steps to 2, 3, 4, 5, 6 and 7 is also
     exactly what ``queue.create_all`` builds, through the catalog.
     """
     config = history_project.config()
@@ -76,13 +78,21 @@ def test_model_definitions_match_ddl(
 @pytest.mark.parametrize(
     ("history", "head", "db_version"),
     [
+        ("v6_history_project", "0007", 6),
         ("v5_history_project", "0006", 5),
         ("v4_history_project", "0005", 4),
         ("v3_history_project", "0004", 3),
         ("v2_history_project", "0003", 2),
         ("v1_history_project", "0002", 1),
     ],
-    ids=["without-0007", "without-0006", "without-0005", "without-0004", "without-0003"],
+    ids=[
+        "without-0008",
+        "without-0007",
+        "without-0006",
+        "without-0005",
+        "without-0004",
+        "without-0003",
+    ],
 )
 def test_a_history_cut_short_wants_exactly_one_step_to_the_latest_version(
     request: pytest.FixtureRequest, history: str, head: str, db_version: int
@@ -106,8 +116,9 @@ def test_a_history_cut_short_wants_exactly_one_step_to_the_latest_version(
 def test_up_down_consistency(history_project: HostProject) -> None:
     """Each downgrade lands on exactly the schema its revision had on the way up.
 
-    In particular, 0007's downgrade (the step from version 6 back to 5) gives back the
-    version 5 schema that 0006 made, 0006's downgrade (the step from version 5 back to 4)
+    In particular, 0008's downgrade (the step from version 7 back to 6) gives back the
+    version 6 schema that 0007 made, 0007's downgrade (the step from version 6 back to 5)
+    the version 5 schema that 0006 made, 0006's downgrade (the step from version 5 back to 4)
     the version 4 schema that 0005 made, 0005's downgrade (the step from version 4 back to 3)
     the version 3 schema that 0004 made, 0004's downgrade (the step from version 3 back to
     2) the version 2 schema that 0003 made, and 0003's downgrade (the step from version 2

@@ -3,7 +3,7 @@
 Fed to psql on an empty database, the script builds the same schema as an online
 ``alembic upgrade head``, and the same queue as ``queue.create_all``: for a project that
 creates the latest version at once, and for one whose history creates version 1 and then
-steps to 2, to 3, to 4, to 5 and to 6.
+steps to 2, to 3, to 4, to 5, to 6 and to 7.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ QUEUE_TABLES = (
     "sqla_queue_workflows",
     "sqla_queue_workflow_nodes",
     "sqla_queue_workflow_edges",
+    "sqla_queue_job_steps",
+    "sqla_queue_job_signals",
 )
 
 
@@ -64,7 +66,7 @@ def _assert_same_schemas(project: HostProject, by_psql: str, create_all_snapshot
     assert differences(schema_snapshot(by_psql), create_all_snapshot) == []
 
 
-def test_offline_script_of_the_history_steps_from_version_1_to_2_to_3_to_4_to_5_to_6(
+def test_offline_script_of_the_history_steps_from_version_1_to_each_later_one_to_7(
     history_project: HostProject, new_db: Callable[[], str], create_all_snapshot: Snapshot
 ) -> None:
     script, by_psql = _run_offline_script(history_project, new_db)
@@ -94,8 +96,15 @@ def test_offline_script_of_the_history_steps_from_version_1_to_2_to_3_to_4_to_5_
         "ADD COLUMN workflow BOOLEAN DEFAULT false NOT NULL;"
     )
     now_v6 = "COMMENT ON TABLE work.sqla_queue_job_executions IS 'sqla_queue schema version 6';"
+    steps_table = "CREATE TABLE work.sqla_queue_job_steps ("
+    stepped_to_7 = "ALTER TABLE work.sqla_queue_job_executions ADD COLUMN wait TEXT;"
+    suspended_index = (
+        "CREATE INDEX sqla_queue_job_executions_suspended_ix "
+        "ON work.sqla_queue_job_executions (execute_at) WHERE state = 'suspended';"
+    )
+    now_v7 = "COMMENT ON TABLE work.sqla_queue_job_executions IS 'sqla_queue schema version 7';"
     # 0002 creates version 1 as released; 0003 then steps it to version 2, 0004 to 3, 0005
-    # to 4, 0006 to 5 and 0007 to 6.
+    # to 4, 0006 to 5, 0007 to 6 and 0008 to 7.
     assert (
         script.index(created_v1)
         < script.index(stepped)
@@ -112,9 +121,13 @@ def test_offline_script_of_the_history_steps_from_version_1_to_2_to_3_to_4_to_5_
         < script.index(workflows_table)
         < script.index(stepped_to_6)
         < script.index(now_v6)
+        < script.index(steps_table)
+        < script.index(stepped_to_7)
+        < script.index(suspended_index)
+        < script.index(now_v7)
     )
     last_comment = script.rindex("COMMENT ON TABLE work.sqla_queue_job_executions")
-    assert last_comment == script.index(now_v6)
+    assert last_comment == script.index(now_v7)
     _assert_same_schemas(history_project, by_psql, create_all_snapshot)
 
 

@@ -44,6 +44,8 @@ QUEUE_TABLES = {
     "sqla_queue_workflows",
     "sqla_queue_workflow_nodes",
     "sqla_queue_workflow_edges",
+    "sqla_queue_job_steps",
+    "sqla_queue_job_signals",
 }
 
 

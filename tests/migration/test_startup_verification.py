@@ -121,17 +121,26 @@ def test_a_database_without_the_queue_names_every_table_and_the_fix(
     assert "table work.sqla_queue_workflows" in message
     assert "table work.sqla_queue_workflow_nodes" in message
     assert "table work.sqla_queue_workflow_edges" in message
+    assert "table work.sqla_queue_job_steps" in message
+    assert "table work.sqla_queue_job_signals" in message
     assert "alembic upgrade head" in message
-    assert len(refused.value.missing) == 12  # one line per table, not one per column
+    assert len(refused.value.missing) == 14  # one line per table, not one per column
 
 
-# A job as every release up to version 5 wrote it (the columns they all have).
+# A job as every release up to version 6 wrote it (the columns they all have).
 _OLD_RELEASE_ENQUEUE = text(
     "WITH job AS (INSERT INTO work.sqla_queue_jobs (task, payload, max_attempts, scheduled_at) "
     """VALUES ('mail_invoice', '{"args": [7], "kwargs": {}}', 1, now()) RETURNING id, task) """
     "INSERT INTO work.sqla_queue_job_executions (id, task, priority, execute_at) "
     "SELECT id, task, 0, now() FROM job RETURNING id"
 )
+_ADDED_BY_VERSION_7 = [
+    "column work.sqla_queue_job_executions.wait",
+    "index work.sqla_queue_job_executions_suspended_ix (on sqla_queue_job_executions)",
+    "index work.sqla_queue_job_executions_wait_ix (on sqla_queue_job_executions)",
+    "table work.sqla_queue_job_signals (with its columns, indexes and constraints)",
+    "table work.sqla_queue_job_steps (with its columns, indexes and constraints)",
+]
 _ADDED_BY_VERSION_6 = [
     "column work.sqla_queue_job_executions.workflow",
     "table work.sqla_queue_workflow_edges (with its columns, indexes and constraints)",
@@ -182,6 +191,7 @@ _ADDED_BY_VERSION_2 = [
                 + _ADDED_BY_VERSION_4
                 + _ADDED_BY_VERSION_5
                 + _ADDED_BY_VERSION_6
+                + _ADDED_BY_VERSION_7
             ),
         ),
         (
@@ -192,13 +202,24 @@ _ADDED_BY_VERSION_2 = [
                 + _ADDED_BY_VERSION_4
                 + _ADDED_BY_VERSION_5
                 + _ADDED_BY_VERSION_6
+                + _ADDED_BY_VERSION_7
             ),
         ),
-        ("0004", 3, sorted(_ADDED_BY_VERSION_4 + _ADDED_BY_VERSION_5 + _ADDED_BY_VERSION_6)),
-        ("0005", 4, sorted(_ADDED_BY_VERSION_5 + _ADDED_BY_VERSION_6)),
-        ("0006", 5, _ADDED_BY_VERSION_6),
+        (
+            "0004",
+            3,
+            sorted(
+                _ADDED_BY_VERSION_4
+                + _ADDED_BY_VERSION_5
+                + _ADDED_BY_VERSION_6
+                + _ADDED_BY_VERSION_7
+            ),
+        ),
+        ("0005", 4, sorted(_ADDED_BY_VERSION_5 + _ADDED_BY_VERSION_6 + _ADDED_BY_VERSION_7)),
+        ("0006", 5, sorted(_ADDED_BY_VERSION_6 + _ADDED_BY_VERSION_7)),
+        ("0007", 6, _ADDED_BY_VERSION_7),
     ],
-    ids=["version-1", "version-2", "version-3", "version-4", "version-5"],
+    ids=["version-1", "version-2", "version-3", "version-4", "version-5", "version-6"],
 )
 def test_a_worker_refuses_an_older_database_and_names_the_step(
     history_project: HostProject, revision: str, old_version: int, missing: list[str]

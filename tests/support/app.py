@@ -59,6 +59,25 @@ class ExecutionLog(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
+class Shipment(Base):
+    """A row durable jobs wait on (``queue.condition``)."""
+
+    __tablename__ = "shipments"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    status: Mapped[str] = mapped_column(String(20), default="new")
+
+
+class StepWrite(Base):
+    """One row per durable step's write: the primary key catches a step written twice."""
+
+    __tablename__ = "step_writes"
+
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    step: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[str | None] = mapped_column(Text)
+
+
 queue = Queue(Base, schema=QUEUE_SCHEMA, lost_interval=30.0)
 
 

@@ -81,6 +81,11 @@ def test_queues_are_found_through_metadata_info() -> None:
         found[0].tables.workflow_edges is a.workflow_edges
         and found[1].tables.workflow_edges is b.workflow_edges
     )
+    assert found[0].tables.job_steps is a.job_steps and found[1].tables.job_steps is b.job_steps
+    assert (
+        found[0].tables.job_signals is a.job_signals
+        and found[1].tables.job_signals is b.job_signals
+    )
     assert found[0].tables.all == a.all and found[1].tables.all == b.all
     assert find_queues(None) == []
     assert find_queues(MetaData()) == []
@@ -104,7 +109,11 @@ def test_tables_copied_to_another_metadata_are_found_by_their_tags() -> None:
     for table in tables.all:
         if table not in (tables.workflows, tables.workflow_nodes, tables.workflow_edges):
             table.to_metadata(version_5)
-    almost = MetaData()  # nor all but one of version 6's
+    version_6 = MetaData()  # nor the twelve tables of version 6 without those of version 7
+    for table in tables.all:
+        if table not in (tables.job_steps, tables.job_signals):
+            table.to_metadata(version_6)
+    almost = MetaData()  # nor all but one of version 7's
     for table in tables.all:
         if table is not tables.workers:
             table.to_metadata(almost)
@@ -113,6 +122,7 @@ def test_tables_copied_to_another_metadata_are_found_by_their_tags() -> None:
     assert find_queues(short) == []
     assert find_queues(version_4) == []
     assert find_queues(version_5) == []
+    assert find_queues(version_6) == []
     assert find_queues(almost) == []
 
     assert (found.schema, found.prefix, found.version) == ("work", "sqla_queue_", SCHEMA_VERSION)
@@ -127,13 +137,15 @@ def test_tables_copied_to_another_metadata_are_found_by_their_tags() -> None:
     assert found.tables.workflows is copy.tables["work.sqla_queue_workflows"]
     assert found.tables.workflow_nodes is copy.tables["work.sqla_queue_workflow_nodes"]
     assert found.tables.workflow_edges is copy.tables["work.sqla_queue_workflow_edges"]
+    assert found.tables.job_steps is copy.tables["work.sqla_queue_job_steps"]
+    assert found.tables.job_signals is copy.tables["work.sqla_queue_job_signals"]
 
 
 def test_the_target_version_comes_from_the_model() -> None:
     metadata = MetaData()
     tables = build_tables(metadata)
-    tables.executions.info["sqla_queue"]["schema_version"] = 7
-    assert find_queues(metadata)[0].version == 7
+    tables.executions.info["sqla_queue"]["schema_version"] = 9
+    assert find_queues(metadata)[0].version == 9
 
 
 # -- choosing the operation -------------------------------------------------------------------
@@ -151,11 +163,11 @@ def test_older_version_means_upgrade_from_there() -> None:
     assert plan_queue_op(target(3), 1) == UpgradeQueueOp(1, 3, "work", "sqla_queue_")
 
 
-@pytest.mark.parametrize("db_version", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("db_version", [1, 2, 3, 4, 5, 6])
 def test_an_older_database_under_the_current_model_gets_the_real_step(db_version: int) -> None:
-    assert SCHEMA_VERSION == 6
+    assert SCHEMA_VERSION == 7
     assert plan_queue_op(target(), db_version) == UpgradeQueueOp(
-        db_version, 6, "work", "sqla_queue_"
+        db_version, 7, "work", "sqla_queue_"
     )
 
 
@@ -170,6 +182,7 @@ def test_an_older_database_under_the_current_model_gets_the_real_step(db_version
         (None, ["sqla_queue_daemons"], "sqla_queue_daemons found .* half-installed"),
         (None, ["sqla_queue_task_controls"], "sqla_queue_task_controls found .* half-installed"),
         (None, ["sqla_queue_workflow_nodes"], "sqla_queue_workflow_nodes found .* half-installed"),
+        (None, ["sqla_queue_job_steps"], "sqla_queue_job_steps found .* half-installed"),
     ],
 )
 def test_odd_databases_are_left_alone_with_a_warning(
@@ -200,6 +213,8 @@ def _alembic_proposals() -> tuple[UpgradeOps, set[tuple[str | None, str]]]:
         CreateTableOp.from_table(queue.workflows),
         CreateTableOp.from_table(queue.workflow_nodes),
         CreateTableOp.from_table(queue.workflow_edges),
+        CreateTableOp.from_table(queue.job_steps),
+        CreateTableOp.from_table(queue.job_signals),
         ModifyTableOps(
             "sqla_queue_job_executions",
             [AddColumnOp("sqla_queue_job_executions", Column("x", Integer))],
@@ -223,13 +238,15 @@ def _alembic_proposals() -> tuple[UpgradeOps, set[tuple[str | None, str]]]:
         (None, "sqla_queue_workflows"),
         (None, "sqla_queue_workflow_nodes"),
         (None, "sqla_queue_workflow_edges"),
+        (None, "sqla_queue_job_steps"),
+        (None, "sqla_queue_job_signals"),
     }
     return UpgradeOps(ops=ops), owned
 
 
 def test_alembic_proposals_for_queue_tables_give_way_to_the_queue_op() -> None:
     upgrade_ops, owned = _alembic_proposals()
-    create = CreateQueueOp("public", "sqla_queue_", version=6)
+    create = CreateQueueOp("public", "sqla_queue_", version=7)
 
     rewrite_upgrade_ops(upgrade_ops, [create], owned, default_schema="public")
 
@@ -258,6 +275,32 @@ def test_dropping_both_version_1_tables_becomes_one_drop_queue_at_the_end() -> N
 
     assert [type(op) for op in upgrade_ops.ops] == [DropTableOp, DropQueueOp]
     assert upgrade_ops.ops[-1] == DropQueueOp("work", "q_", version=1)
+
+
+def test_dropping_all_fourteen_version_7_tables_becomes_one_drop_queue() -> None:
+    """drop_queue(version=7) drops the two durable job tables too: none may stay behind."""
+    upgrade_ops = UpgradeOps(
+        ops=[
+            _dropped("q_job_signals", "work", "sqla_queue: signals sent to durable jobs"),
+            _dropped("q_job_steps", "work", None),
+            _dropped("q_workflow_edges", "work", None),
+            _dropped("q_workflow_nodes", "work", None),
+            _dropped("q_workflows", "work", "sqla_queue: workflows"),
+            _dropped("q_workers", "work", "sqla_queue: live workers"),
+            _dropped("q_daemons", "work", "sqla_queue: daemon instances"),
+            _dropped("q_schedules", "work", None),
+            _dropped("q_rate_starts", "work", None),
+            _dropped("q_task_controls", "work", None),
+            _dropped("q_unique_keys", "work", None),
+            _dropped("q_task_limits", "work", None),
+            _dropped("q_job_executions", "work", "sqla_queue schema version 7"),
+            _dropped("q_jobs", "work", None),
+        ]
+    )
+
+    rewrite_upgrade_ops(upgrade_ops, [], set(), default_schema="public")
+
+    assert upgrade_ops.ops == [DropQueueOp("work", "q_", version=7)]
 
 
 def test_dropping_all_twelve_version_6_tables_becomes_one_drop_queue() -> None:
@@ -381,6 +424,22 @@ def test_dropping_all_three_version_2_tables_becomes_one_drop_queue() -> None:
             _dropped("q_workers", None, None),
             _dropped("q_workflows", None, None),
             _dropped("q_workflow_nodes", None, None),
+        ],
+        # Version 7 has fourteen tables; a filter keeps job_signals, so drop_queue cannot run.
+        [
+            _dropped("q_job_executions", None, "sqla_queue schema version 7"),
+            _dropped("q_jobs", None, None),
+            _dropped("q_task_limits", None, None),
+            _dropped("q_unique_keys", None, None),
+            _dropped("q_task_controls", None, None),
+            _dropped("q_rate_starts", None, None),
+            _dropped("q_schedules", None, None),
+            _dropped("q_daemons", None, None),
+            _dropped("q_workers", None, None),
+            _dropped("q_workflows", None, None),
+            _dropped("q_workflow_nodes", None, None),
+            _dropped("q_workflow_edges", None, None),
+            _dropped("q_job_steps", None, None),
         ],
         # A version this library does not know: which tables it has is unknown.
         [

@@ -196,14 +196,19 @@ def test_history_ops_reverse_into_each_other_and_keep_the_layout() -> None:
         CreateQueueOp("work", "q_", version=5, history="sideways")
 
 
-def test_partitioned_history_is_frozen_for_versions_5_and_6_only() -> None:
+def test_partitioned_history_is_frozen_for_versions_5_6_and_7_only() -> None:
     from alembic_ext.versions.history import partition_statements, unpartition_statements
 
     with pytest.raises(ValueError, match="frozen for schema version"):
         partition_statements(4, None, "q_")
-    # Version 6 left the jobs table as version 5 had it: the same statements serve both.
-    assert partition_statements(6, "user", "q_") == partition_statements(5, "user", "q_")
-    assert unpartition_statements(6, "user", "q_") == unpartition_statements(5, "user", "q_")
+    with pytest.raises(ValueError, match="frozen for schema version"):
+        partition_statements(8, None, "q_")
+    # Versions 6 and 7 left the jobs table as version 5 had it: the same statements serve all.
+    for later in (6, 7):
+        assert partition_statements(later, "user", "q_") == partition_statements(5, "user", "q_")
+        assert unpartition_statements(later, "user", "q_") == (
+            unpartition_statements(5, "user", "q_")
+        )
     with pytest.raises(ValueError, match="interval must be one of"):
         partition_statements(5, None, "q_", "fortnight")
     statements = partition_statements(5, "user", "q_")
@@ -248,6 +253,7 @@ def test_each_release_knows_its_tables() -> None:
         "workflow_nodes",
         "workflow_edges",
     )
+    assert versions.table_suffixes(7) == (*versions.table_suffixes(6), "job_steps", "job_signals")
     with pytest.raises(UnknownSchemaVersionError):
         versions.table_suffixes(99)
 
@@ -339,6 +345,21 @@ def test_version_6_and_its_step_are_frozen() -> None:
 FROZEN_V6_SHA256 = "90f444305b885313893bbddfbcda69b866d66dd0613ea108e147a51a17569261"
 
 
+def test_version_7_and_its_step_are_frozen() -> None:
+    """The same tripwire for version 7 as released: its create, drop and the 6-7 step."""
+    text = "\n".join(
+        versions.create_statements(7, "s", "p_")
+        + versions.drop_statements(7, "s", "p_")
+        + versions.migrate_statements(6, 7, "s", "p_")
+        + versions.migrate_statements(7, 6, "s", "p_")
+    )
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    assert digest == FROZEN_V7_SHA256, text
+
+
+FROZEN_V7_SHA256 = "5ab485b379a20b8c2eeb1290d34e4fb34345b13cc040e0218338c122e8020ff2"
+
+
 def test_each_version_is_the_previous_one_followed_by_the_step() -> None:
     for version in versions.known_versions()[1:]:
         assert versions.create_statements(version, "s", "p_") == (
@@ -361,6 +382,11 @@ def test_each_version_is_the_previous_one_followed_by_the_step() -> None:
         "DROP TABLE p_workflows",
     ]
     assert versions.drop_statements(6, None, "p_")[3:] == versions.drop_statements(5, None, "p_")
+    assert versions.drop_statements(7, None, "p_")[:2] == [
+        "DROP TABLE p_job_signals",
+        "DROP TABLE p_job_steps",
+    ]
+    assert versions.drop_statements(7, None, "p_")[2:] == versions.drop_statements(6, None, "p_")
 
 
 def test_the_step_to_version_4_adds_columns_in_place_and_the_downgrade_drops_them() -> None:
@@ -415,6 +441,31 @@ def test_the_step_to_version_6_adds_tables_and_one_column_and_the_downgrade_drop
     assert up[-1] == "COMMENT ON TABLE \"user\".q_job_executions IS 'sqla_queue schema version 6'"
     assert down[0] == 'ALTER TABLE "user".q_job_executions DROP COLUMN workflow'
     assert down[-1] == "COMMENT ON TABLE \"user\".q_job_executions IS 'sqla_queue schema version 5'"
+
+
+def test_the_step_to_version_7_adds_tables_a_column_a_state_and_two_indexes() -> None:
+    up = versions.migrate_statements(6, 7, "user", "q_")
+    down = versions.migrate_statements(7, 6, "user", "q_")
+    created = [s.split(" (")[0] for s in up if s.startswith("CREATE TABLE")]
+    assert created == ['CREATE TABLE "user".q_job_steps', 'CREATE TABLE "user".q_job_signals']
+    # The executions table is altered last: it stays locked until the migration commits.
+    first_alter = next(i for i, s in enumerate(up) if s.startswith("ALTER TABLE"))
+    assert all("q_job_executions" in s for s in up[first_alter:])
+    assert up[first_alter] == 'ALTER TABLE "user".q_job_executions ADD COLUMN wait TEXT'
+    assert any("'done', 'suspended')) NOT VALID" in s for s in up[first_alter:])
+    assert up[-3:-1] == [
+        'CREATE INDEX q_job_executions_suspended_ix ON "user".q_job_executions (execute_at) '
+        "WHERE state = 'suspended'",
+        'CREATE INDEX q_job_executions_wait_ix ON "user".q_job_executions (wait) '
+        "WHERE state = 'suspended'",
+    ]
+    assert up[-1] == "COMMENT ON TABLE \"user\".q_job_executions IS 'sqla_queue schema version 7'"
+    # Suspended executions become pending before the narrower check comes back.
+    assert down[0].startswith("UPDATE \"user\".q_job_executions SET state = 'pending'")
+    assert next(i for i, s in enumerate(down) if "CHECK" in s) > 0
+    assert 'ALTER TABLE "user".q_job_executions DROP COLUMN wait' in down
+    assert down[-3:-1] == ['DROP TABLE "user".q_job_signals', 'DROP TABLE "user".q_job_steps']
+    assert down[-1] == "COMMENT ON TABLE \"user\".q_job_executions IS 'sqla_queue schema version 6'"
 
 
 def test_version_2_is_version_1_followed_by_the_step() -> None:

@@ -11,6 +11,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from sqla_queue.models import builders
+from sqla_queue.models import durable as durable_tables
 from sqla_queue.models.partitioning import (
     DEFAULT_INTERVAL,
     INTERVALS,
@@ -40,6 +41,8 @@ BUILDERS: dict[str, tuple[Callable[[MetaData, str | None, str], Table], str]] = 
     "workflows": (builders.workflows_table, "workflows"),
     "workflow_nodes": (builders.workflow_nodes_table, "workflow_nodes"),
     "workflow_edges": (builders.workflow_edges_table, "workflow_edges"),
+    "job_steps": (durable_tables.job_steps_table, "job_steps"),
+    "job_signals": (durable_tables.job_signals_table, "job_signals"),
 }
 
 
@@ -53,7 +56,7 @@ def _ddl(table: Table) -> list[str]:
 
 def test_the_roles_are_the_table_fields_of_queue_tables_in_creation_order() -> None:
     assert tuple(BUILDERS) == TABLE_ROLES
-    assert len(builders.__all__) == len(TABLE_ROLES)
+    assert len(builders.__all__) + len(durable_tables.__all__) == len(TABLE_ROLES)
 
 
 @pytest.mark.parametrize("role", TABLE_ROLES)

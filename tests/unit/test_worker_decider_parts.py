@@ -25,7 +25,12 @@ from sqla_queue.worker.decider.decider import intervals
 from sqla_queue.worker.decider.intake import Intake
 from sqla_queue.worker.decider.keys import PARKED_RETRY, KeyPromotion
 from sqla_queue.worker.decider.liveness import Liveness
-from sqla_queue.worker.decider.maintenance import CLEANUP_BATCH, SWEEP_KEYS, Maintenance
+from sqla_queue.worker.decider.maintenance import (
+    CLEANUP_BATCH,
+    SWEEP_KEYS,
+    WAKE_BATCH,
+    Maintenance,
+)
 from sqla_queue.worker.decider.pacing import ClaimPacer, poll_wait
 from sqla_queue.worker.decider.prebuilt import WorkerStatements
 from sqla_queue.worker.decider.rates import RateSchedule
@@ -423,11 +428,12 @@ def test_maintenance_runs_its_statements_in_order() -> None:
     steps = part.steps([4, 5])
     assert [type(step.statement) for step, _ in steps] == [
         type(s) for s in (built.reclaim, built.limits, built.controls, built.cleanup)
-    ] + [type(built.orphan_sweep)]
+    ] + [type(built.orphan_sweep), type(built.durable.wake_due)]
     assert steps[0][0].params == {"held": [4, 5]}
     assert steps[1][0].params == {"tasks": ["a", "b"]} and steps[1][1] == paced.limits_read
     assert steps[3][0].params == {"limit": CLEANUP_BATCH}
     assert steps[4][0].params == {"after": "", "limit": SWEEP_KEYS}
+    assert steps[5][0].params == {"limit": WAKE_BATCH}
     part.swept([SimpleNamespace(last_key="k9", promoted=0)])
     assert part.steps([])[4][0].params["after"] == "k9"
 

@@ -110,3 +110,5 @@ def tally(stats: dict[str, int], outcomes: Iterable[Outcome], done: set[int]) ->
             stats["retried"] += 1
         elif outcome.kind is OutcomeKind.CANCELLED:
             stats["cancelled"] += 1
+        elif outcome.kind is OutcomeKind.SUSPENDED:
+            stats["suspended"] = stats.get("suspended", 0) + 1

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqla_queue.conversation import Flow
+from sqla_queue.durable.compensate import compensations_flow
 from sqla_queue.instrumentation import WorkerObserver, notify_lost
 from sqla_queue.statements.controls import ControlledTasksParams
 from sqla_queue.statements.keys import CleanupParams, SweepParams
 from sqla_queue.statements.limits import LimitedTasksParams
 from sqla_queue.statements.liveness import ReclaimParams
+from sqla_queue.statements.signals import WakeDueParams
 from sqla_queue.worker.actions import Step, Work, atomic_unit
 from sqla_queue.worker.decider.keys import KeyPromotion
 from sqla_queue.worker.decider.pacing import ClaimPacer
@@ -19,7 +22,7 @@ from sqla_queue.worker.decider.prebuilt import WorkerStatements
 from sqla_queue.worker.decider.rates import RateSchedule, stored_rate
 from sqla_queue.worker.plan import WorkerPlan
 
-__all__ = ["CLEANUP_BATCH", "SWEEP_KEYS", "Maintenance", "Reader"]
+__all__ = ["CLEANUP_BATCH", "SWEEP_KEYS", "WAKE_BATCH", "Maintenance", "Reader"]
 
 log = logging.getLogger("sqla_queue.worker")
 
@@ -27,6 +30,8 @@ log = logging.getLogger("sqla_queue.worker")
 #: work of one maintenance action, whatever the backlog.
 SWEEP_KEYS = 100
 CLEANUP_BATCH = 100
+#: Suspended executions woken per maintenance, at most (the rest in the next one, at once).
+WAKE_BATCH = 1000
 
 #: Takes the rows of one maintenance statement.
 Reader = Callable[[Sequence[Any]], None]
@@ -90,6 +95,7 @@ class Maintenance:
                 Step(built.orphan_sweep, SweepParams(after=self._sweep_after, limit=SWEEP_KEYS)),
                 self.swept,
             ),
+            (Step(built.durable.wake_due, WakeDueParams(limit=WAKE_BATCH)), self.woke),
         ]
 
     def unit(
@@ -112,12 +118,25 @@ class Maintenance:
             keys.cleared(results[len(steps) :], now)
             return []
 
+        built = self._statements
+
+        def after(results: Sequence[Sequence[Any]]) -> Flow[Any]:
+            # The reclaim's follow-up, then the compensations of failed and cancelled
+            # durable jobs, in the same transaction.
+            first = after_reclaim(results)
+            if first is not None:
+                yield from first
+            enqueued = yield from compensations_flow(built.durable, built.enqueue_keyed)
+            if enqueued:
+                log.info("enqueued %d compensation(s) of failed or cancelled jobs", len(enqueued))
+                self._pacer.next_poll = 0.0
+
         return atomic_unit(
             guard,
             [*(step for step, _ in steps), *key_steps],
             maintained,
             lambda: keys.restore(taken),
-            after_reclaim,
+            after,
         )
 
     def reclaimed(self, rows: Sequence[Any]) -> None:
@@ -149,6 +168,20 @@ class Maintenance:
         self._pacer.set_tasks(
             [name for name in self._plan.task_names if name not in paused | rated]
         )
+
+    def woke(self, rows: Sequence[Any]) -> None:
+        """Suspended durable jobs whose time came were woken: claim at once; and come
+        back when the next one is due, if that is before the next maintenance."""
+        row = rows[0] if rows else None
+        if row is None:
+            return
+        if row.woken:
+            log.debug("woke %d suspended job(s) whose time came", row.woken)
+            self._pacer.next_poll = 0.0
+            if row.woken >= WAKE_BATCH:
+                self.next_at = time.monotonic()  # more are due: sweep again at once
+        if row.next_in is not None:
+            self.next_at = min(self.next_at, time.monotonic() + max(float(row.next_in), 0.0))
 
     def cleaned_up(self, rows: Sequence[Any]) -> None:
         """Parked executions were deleted: their keys get a promotion in the next unit."""

@@ -9,6 +9,7 @@ from sqlalchemy import CompoundSelect, Select, TextClause
 from sqlalchemy.sql.dml import ReturningDelete, ReturningUpdate
 
 from sqla_queue import statements
+from sqla_queue.durable.statements import DurableStatements
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements.controls import (
     controlled_tasks_statement,
@@ -42,6 +43,9 @@ class WorkerStatements:
     cleanup: ReturningDelete[tuple[str]]
     clear_done: Select[tuple[str]]
     orphan_sweep: Select[tuple[Any, Any]]
+    #: Durable jobs: the wake sweep and the compensations' sweep (schema version 7).
+    durable: DurableStatements
+    enqueue_keyed: Select[Any]
     #: The ``SET LOCAL`` settings every unit of the worker opens with.
     guard: TextClause
 
@@ -64,6 +68,8 @@ class WorkerStatements:
             cleanup=statements.cleanup_statement(tables),
             clear_done=statements.clear_done_statement(tables),
             orphan_sweep=statements.orphan_sweep_statement(tables),
+            durable=DurableStatements.of(tables),
+            enqueue_keyed=statements.enqueue_statement(tables, keyed=True, notify=True),
             guard=statements.planner_guard(generic_plans=generic_plans),
         )
 

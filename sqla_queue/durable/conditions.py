@@ -1,0 +1,167 @@
+"""Conditions on the application's rows that durable jobs wait for.
+
+``order_approved = queue.condition(Order, Order.status == "approved")`` declares one, at
+import time, beside the models: it listens to every ORM flush in the process, and when a
+flush changes one of the columns the condition reads on an ``Order``, it wakes the jobs
+that wait on that row, in the same transaction, if the condition now holds there. No code
+path that changes the row through the ORM can forget to signal.
+
+A write outside the ORM's flush (a Core ``UPDATE``, a bulk ``session.execute(update(...))``,
+another program) does not pass through the listener: call :meth:`RowCondition.wake` in its
+transaction (``order_approved.wake(session, order_id)``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+from typing import Any
+
+from sqlalchemy import Select, bindparam, event, inspect, literal_column, select
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.orm import Session
+from sqlalchemy.sql import visitors
+from sqlalchemy.sql.elements import ColumnElement
+
+from sqla_queue._binds import AnyBind, on_connection, tables_for
+from sqla_queue.models.tables import QueueTables
+from sqla_queue.statements.signals import condition_wake_statement
+
+__all__ = ["RowCondition"]
+
+
+class RowCondition:
+    """A condition on one row of a mapped class, that ``ctx.wait_until`` waits for.
+
+    Build it with :meth:`Queue.condition <sqla_queue.Queue.condition>`. ``clause`` reads
+    columns of the mapped class's own table only; the row is named by its primary key
+    (a single column).
+    """
+
+    def __init__(
+        self, tables: QueueTables, entity: type[Any], clause: ColumnElement[bool], name: str | None
+    ) -> None:
+        mapper = inspect(entity)
+        table = mapper.local_table
+        keys = list(mapper.primary_key)
+        if len(keys) != 1:
+            raise ValueError(
+                f"queue.condition needs a mapped class with a one-column primary key; "
+                f"{entity.__name__} has {len(keys)}"
+            )
+        watched = {col.key for col in _columns_of(clause, table)}
+        if not watched:
+            raise ValueError(
+                f"the condition reads no column of {table.name}: give a clause on "
+                f"{entity.__name__}'s own columns, like {entity.__name__}.status == 'done'"
+            )
+        self.entity = entity
+        self.clause = clause
+        self._tables = tables
+        self._key_column = keys[0]
+        self._attributes = {
+            prop.key for prop in mapper.column_attrs if {c.key for c in prop.columns} & watched
+        }
+        self.name = name or _derived_name(table.name, clause)
+        key = bindparam("key", type_=self._key_column.type)
+        #: Whether the row holds, locked ``FOR SHARE``: a writer waits for the waiter's
+        #: commit, so whichever of the two commits second sees the other's work.
+        self.probe: Select[Any] = (
+            select(clause.label("holds"))
+            .select_from(table)
+            .where(self._key_column == key)
+            .with_for_update(read=True)
+        )
+        self._holds: Select[Any] = (
+            select(literal_column("1")).select_from(table).where(self._key_column == key, clause)
+        )
+        self._wakes: dict[QueueTables, Any] = {}
+        _watch(self)
+
+    def waits_for(self, key: Any) -> str:
+        """The ``wait`` value of a job that waits for this condition on row ``key``."""
+        return f"row:{self.name}:{key}"
+
+    def _wake_statement(self, tables: QueueTables) -> Any:
+        found = self._wakes.get(tables)
+        if found is None:
+            found = self._wakes.setdefault(tables, condition_wake_statement(tables, self._holds))
+        return found
+
+    def wake(self, session: AnyBind, key: Any) -> list[int] | Any:
+        """Wake the jobs that wait on row ``key``, if the condition holds there now.
+
+        In ``session``'s transaction: for writes the ORM's flush does not see. Returns
+        the woken jobs' ids (or a coroutine of them, for the async kinds).
+        """
+
+        def use(connection: Any) -> Any:
+            statement = self._wake_statement(tables_for(self._tables, connection))
+            params = {"waits_for": self.waits_for(key), "key": key}
+            result = connection.execute(statement, params)
+            if hasattr(result, "__await__"):
+                return _ids_async(result)
+            return [row.id for row in result]
+
+        return on_connection(session, use)
+
+    def _changed(self, instance: Any, new: bool) -> bool:
+        if new:
+            return True
+        state = inspect(instance)
+        return any(state.attrs[name].history.has_changes() for name in self._attributes)
+
+    def _after_flush(self, session: Session, changed: list[Any]) -> None:
+        connection = session.connection()
+        statement = self._wake_statement(tables_for(self._tables, connection))
+        for instance in changed:
+            key = inspect(instance).identity
+            if key is None:
+                continue
+            connection.execute(statement, {"waits_for": self.waits_for(key[0]), "key": key[0]})
+
+
+async def _ids_async(result: Any) -> list[int]:
+    return [row.id for row in await result]
+
+
+def _columns_of(clause: ColumnElement[Any], table: Any) -> list[Any]:
+    found = []
+    for element in visitors.iterate(clause):
+        if getattr(element, "table", None) is table and hasattr(element, "key"):
+            found.append(element)
+    return found
+
+
+def _derived_name(table: str, clause: ColumnElement[Any]) -> str:
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    text = str(clause.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+    return f"{table}.{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+#: Every live condition, by the mapped class it watches.
+_conditions: weakref.WeakSet[RowCondition] = weakref.WeakSet()
+
+
+def _watch(condition: RowCondition) -> None:
+    _conditions.add(condition)
+    if not event.contains(Session, "after_flush", _after_flush):
+        event.listen(Session, "after_flush", _after_flush)
+
+
+def _after_flush(session: Session, flush_context: Any) -> None:
+    if not _conditions:
+        return
+    new = {id(obj) for obj in session.new}
+    touched = [*session.new, *session.dirty]
+    if not touched:
+        return
+    for condition in list(_conditions):
+        entity: type[Any] = condition.entity
+        changed = [
+            obj
+            for obj in touched
+            if isinstance(obj, entity) and condition._changed(obj, id(obj) in new)
+        ]
+        if changed:
+            condition._after_flush(session, changed)

@@ -1,0 +1,275 @@
+"""The I/O-free core of one attempt of a durable job: what it committed, and what its
+next checkpoint or wait sends.
+
+A :class:`DurableRun` knows the job's committed checkpoints (read once, on first use) and
+builds each durable operation as a :data:`~sqla_queue.conversation.Flow`: the context's
+two faces (:mod:`sqla_queue.durable.faces`) run it in a session and commit. A wait's flow
+ends with what the wait found, or with a :class:`Suspension` that its face commits before
+it raises :class:`JobSuspended` through the handler.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from sqla_queue.conversation import Flow, Step
+from sqla_queue.durable.statements import DurableStatements
+from sqla_queue.errors import StepNotCommittedError
+from sqla_queue.models.tables import StepKind
+from sqla_queue.statements.durable import FenceParams
+
+__all__ = [
+    "DurableRun",
+    "JobSuspended",
+    "Satisfied",
+    "StoredStep",
+    "Suspension",
+    "TimedOut",
+    "refusal_reason",
+]
+
+
+@dataclass(frozen=True)
+class StoredStep:
+    """One committed checkpoint of the job, as the database holds it."""
+
+    name: str
+    kind: str
+    version: int
+    result: Any
+    #: For a wait: whether its deadline has passed (by the database's clock).
+    elapsed: bool | None
+
+
+@dataclass(frozen=True)
+class Suspension:
+    """A wait's decision: the job is suspended until ``until`` (``None``: no deadline)
+    or until what it ``waits_for`` comes."""
+
+    waits_for: str
+    until: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class Satisfied:
+    """A wait's decision: what it waited for has come, with ``value``."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    """A wait's decision: its deadline passed first."""
+
+    waits_for: str
+
+
+class JobSuspended(BaseException):
+    """Raised through a durable handler once its job is suspended (committed).
+
+    Not an error: the worker gives the job's seat back and records nothing; the job runs
+    again from the start when it wakes, its committed steps replayed. A ``BaseException``
+    so that a handler's ``except Exception`` does not swallow it.
+    """
+
+    def __init__(self, suspension: Suspension) -> None:
+        super().__init__(f"suspended until {suspension.until}: waits for {suspension.waits_for}")
+        self.suspension = suspension
+
+
+#: A far-future due time stands for "no deadline" (see FOREVER_SQL): read back as None.
+_NO_DEADLINE_YEAR = 9999
+
+
+def refusal_reason(row: Any | None, attempt: int, worker_id: uuid.UUID) -> str:
+    """Why a fenced checkpoint of this attempt found nothing to write, from its
+    execution's row as it is now (``None``: the job has no execution any more)."""
+    if row is None:
+        return "lost"
+    if row.state != "running" or row.attempt != attempt or row.worker_id != worker_id:
+        return "lost"
+    if row.cancel_requested:
+        return "cancelled"
+    return "committed"
+
+
+_REASONS = {
+    "lost": "its execution was reclaimed by another worker, which runs the job now",
+    "cancelled": "the job was cancelled",
+    "committed": "another attempt committed this step first",
+}
+
+
+class DurableRun:
+    """One attempt of a durable job: its fence, its committed checkpoints, its flows.
+
+    Not thread-safe: it belongs to the handler's thread or task.
+    """
+
+    def __init__(
+        self,
+        statements: DurableStatements,
+        *,
+        job_id: int,
+        attempt: int,
+        worker_id: uuid.UUID,
+    ) -> None:
+        self.statements = statements
+        self.job_id = job_id
+        self.attempt = attempt
+        self.worker_id = worker_id
+        self._stored: dict[str, StoredStep] | None = None
+        self._counts: dict[str, int] = {}
+
+    @property
+    def fence(self) -> FenceParams:
+        """The parameters that name this attempt's execution."""
+        return {"job": self.job_id, "held_attempt": self.attempt, "worker": self.worker_id}
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the committed checkpoints were read."""
+        return self._stored is not None
+
+    def load(self) -> Flow[None]:
+        """Read the job's committed checkpoints (once per attempt)."""
+        if self._stored is not None:
+            return
+        rows = yield Step(self.statements.steps, {"job": self.job_id})
+        self._stored = {
+            row.name: StoredStep(row.name, row.kind, row.version, row.result, row.elapsed)
+            for row in rows
+        }
+
+    def stored(self, name: str) -> StoredStep | None:
+        """The committed checkpoint ``name``, if any (after :meth:`load`)."""
+        if self._stored is None:
+            raise RuntimeError("the job's checkpoints were not read yet")
+        return self._stored.get(name)
+
+    @property
+    def committed(self) -> list[StoredStep]:
+        """Every committed checkpoint, in commit order (after :meth:`load`)."""
+        return list(self._stored.values()) if self._stored is not None else []
+
+    def auto_name(self, prefix: str) -> str:
+        """The next name of an unnamed wait of this kind: ``sleep#1``, ``sleep#2``...
+
+        Counted in call order within the attempt, so a replay names them alike, as long
+        as the handler calls them in the same order.
+        """
+        count = self._counts.get(prefix, 0) + 1
+        self._counts[prefix] = count
+        return f"{prefix}#{count}"
+
+    def _remember(self, name: str, kind: str, version: int, result: Any) -> None:
+        if self._stored is not None:
+            self._stored[name] = StoredStep(name, kind, version, result, False)
+
+    def checkpoint(
+        self, name: str, result: Any, *, version: int, compensate: str | None
+    ) -> Flow[None]:
+        """Write step ``name``'s ``result`` (JSON-able) and its compensation's enqueue row
+        (JSON text). Raises :class:`StepNotCommittedError` if the fence refuses it."""
+        params = {
+            **self.fence,
+            "step": name,
+            "step_kind": StepKind.STEP,
+            "step_version": version,
+            "step_result": json.dumps(result),
+            "step_compensate": compensate,
+        }
+        rows = yield Step(self.statements.checkpoint, params)
+        if not rows:
+            yield from self.refused(name)
+        self._remember(name, StepKind.STEP, version, result)
+
+    def advance(self, name: str, position: Any, expected: Any, *, version: int) -> Flow[None]:
+        """Move cursor ``name`` from ``expected`` to ``position`` (both JSON-able)."""
+        params = {
+            **self.fence,
+            "step": name,
+            "step_kind": StepKind.CURSOR,
+            "step_version": version,
+            "step_result": json.dumps(position),
+            "expected": json.dumps(expected),
+        }
+        rows = yield Step(self.statements.advance_cursor, params)
+        if not rows:
+            yield from self.refused(name)
+        self._remember(name, StepKind.CURSOR, version, position)
+
+    def refused(self, name: str) -> Flow[NoReturn]:
+        """Read why a fenced statement wrote nothing, and raise it."""
+        rows = yield Step(self.statements.execution_state, {"job": self.job_id})
+        reason = refusal_reason(rows[0] if rows else None, self.attempt, self.worker_id)
+        raise StepNotCommittedError(
+            f"job {self.job_id}: step {name!r} was not committed: {_REASONS[reason]}; "
+            "its writes were rolled back",
+            job_id=self.job_id,
+            step=name,
+            reason=reason,
+        )
+
+    def wait(
+        self,
+        name: str,
+        waits_for: str,
+        *,
+        timeout: float | None,
+        probe: Step | None = None,
+        found: Callable[[Sequence[Any]], Satisfied | None] | None = None,
+    ) -> Flow[Satisfied | TimedOut | Suspension]:
+        """Wait ``name`` for ``waits_for``: lock the execution, ``probe`` (if given) for
+        what it waits for (``found`` reads the probe's rows), and suspend the job unless
+        it came or the wait's deadline (``timeout`` seconds after the wait first began)
+        passed."""
+        stored = self.stored(name)
+        if probe is None and stored is not None and stored.elapsed:
+            return TimedOut(waits_for)  # a sleep that is over: nothing to lock
+        locked = yield Step(self.statements.lock_execution, self.fence)
+        if not locked or locked[0].cancel_requested:
+            # A cancelled job does not begin to wait: the attempt ends, and its
+            # completion ends the job cancelled.
+            yield from self.refused(name)
+        if probe is not None and found is not None:
+            satisfied = found((yield probe))
+            if satisfied is not None:
+                return satisfied
+        if stored is None:
+            params = {
+                **self.fence,
+                "step": name,
+                "step_kind": StepKind.WAIT,
+                "step_version": 1,
+                "timeout": timeout,
+            }
+            if not (yield Step(self.statements.record_wait, params)):
+                yield from self.refused(name)
+        elif stored.elapsed:
+            return TimedOut(waits_for)
+        suspended = yield Step(
+            self.statements.suspend, {**self.fence, "waits_for": waits_for, "step": name}
+        )
+        if not suspended:
+            yield from self.refused(name)
+        until = suspended[0].execute_at
+        return Suspension(waits_for, None if until.year >= _NO_DEADLINE_YEAR else until)
+
+    def suspend_for(self, waits_for: str) -> Flow[Suspension]:
+        """Suspend the job with no deadline until an operator wakes it (a step whose
+        stored version the code no longer has, see :mod:`sqla_queue.durable.versions`)."""
+        locked = yield Step(self.statements.lock_execution, self.fence)
+        if not locked:
+            yield from self.refused(waits_for)
+        suspended = yield Step(
+            self.statements.suspend, {**self.fence, "waits_for": waits_for, "step": None}
+        )
+        if not suspended:
+            yield from self.refused(waits_for)
+        return Suspension(waits_for, None)

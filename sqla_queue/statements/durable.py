@@ -1,0 +1,282 @@
+"""A durable job's own statements: its checkpoints, and its suspension (schema version 7).
+
+Every statement here is sent by the job's handler through its own session (``ctx.session``),
+in the transaction that holds the application's writes of the step, so that the
+checkpoint and the writes commit together or not at all.
+
+The fence is the same everywhere: the job's execution must still be ``running`` under this
+attempt and this worker. A checkpoint takes the execution's row ``FOR SHARE`` while it
+writes, so a reclaim (or a cancel) waits for the step's transaction instead of passing it;
+``job_steps``' primary key then makes sure that a step is committed once, whichever
+attempt gets there.
+
+A wait locks the execution ``FOR UPDATE`` first, in a statement of its own, and only then
+reads whether what it waits for has come (a signal, a row's state): a sender locks the same
+row before it writes, so whichever of the two commits second sees the other's work (see
+:mod:`sqla_queue.statements.signals`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, TypedDict
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Double,
+    Integer,
+    Select,
+    Text,
+    Uuid,
+    and_,
+    bindparam,
+    case,
+    cast,
+    func,
+    literal_column,
+    not_,
+    null,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB, insert
+from sqlalchemy.sql.dml import ReturningInsert, ReturningUpdate
+from sqlalchemy.sql.elements import ColumnElement
+
+from sqla_queue.models.tables import QueueTables, StepKind
+from sqla_queue.statements._common import SUSPENDED, seconds, still_running
+
+__all__ = [
+    "FOREVER_SQL",
+    "CheckpointParams",
+    "CursorParams",
+    "FenceParams",
+    "SuspendParams",
+    "WaitParams",
+    "advance_cursor_statement",
+    "checkpoint_statement",
+    "execution_state_statement",
+    "lock_execution_statement",
+    "record_wait_statement",
+    "steps_statement",
+    "suspend_statement",
+]
+
+#: The due time of a wait without a deadline: far enough never to come, and still a date
+#: that every driver can read (``infinity`` is not a Python ``datetime``).
+FOREVER_SQL = "timestamptz '9999-12-31 00:00:00+00'"
+
+
+class FenceParams(TypedDict):
+    """The execution a handler holds: its job, its attempt and its worker."""
+
+    job: int
+    held_attempt: int
+    worker: uuid.UUID
+
+
+class CheckpointParams(FenceParams):
+    """A step's checkpoint: its name, kind and version, its result and compensation (JSON
+    text, or ``None``)."""
+
+    step: str
+    step_kind: str
+    step_version: int
+    step_result: str | None
+    step_compensate: str | None
+
+
+class CursorParams(FenceParams):
+    """A cursor's move: its name and version, the position it moved from and to (JSON)."""
+
+    step: str
+    step_kind: str
+    step_version: int
+    step_result: str
+    expected: str
+
+
+class WaitParams(FenceParams):
+    """A wait's record: its name, and its deadline in seconds from now (``None``: none)."""
+
+    step: str
+    step_kind: str
+    step_version: int
+    timeout: float | None
+
+
+class SuspendParams(FenceParams):
+    """A suspension: what the job waits for, and the name of its recorded wait step
+    (whose deadline is the due time; ``None``: no deadline)."""
+
+    waits_for: str
+    step: str | None
+
+
+def steps_statement(tables: QueueTables) -> Select[Any]:
+    """The committed checkpoints of job ``job``, in commit order.
+
+    Returns ``(name, kind, version, result, elapsed)``; ``elapsed`` says, by the database's
+    clock, whether a wait's deadline has passed (``None`` for the other kinds, and for a
+    wait without a deadline).
+    """
+    steps = tables.job_steps
+    until = cast(steps.c.result["until"].astext, DateTime(timezone=True))
+    elapsed = case(
+        (steps.c.kind == StepKind.WAIT, until <= func.now()),
+        else_=null(),
+    )
+    return (
+        select(
+            steps.c.name,
+            steps.c.kind,
+            steps.c.version,
+            steps.c.result,
+            elapsed.label("elapsed"),
+        )
+        .where(steps.c.job_id == bindparam("job", type_=BigInteger))
+        .order_by(steps.c.seq)
+    )
+
+
+def _fence(tables: QueueTables) -> ColumnElement[bool]:
+    ex = tables.executions
+    return and_(
+        ex.c.id == bindparam("job", type_=BigInteger),
+        ex.c.attempt == bindparam("held_attempt", type_=Integer),
+        still_running(ex.c.state),
+        ex.c.worker_id == bindparam("worker", type_=Uuid),
+    )
+
+
+def _fenced_source(tables: QueueTables, result: ColumnElement[Any]) -> Select[Any]:
+    """The row a checkpoint inserts, read from the fenced execution, which it keeps
+    ``FOR SHARE`` until the step commits. A job someone cancelled commits no more steps."""
+    ex = tables.executions
+    return (
+        select(
+            ex.c.id,
+            bindparam("step", type_=Text),
+            bindparam("step_kind", type_=Text),
+            bindparam("step_version", type_=Integer),
+            ex.c.attempt,
+            result,
+        )
+        .where(_fence(tables), not_(ex.c.cancel_requested))
+        .with_for_update(of=ex, read=True)
+    )
+
+
+_INSERTED = ("job_id", "name", "kind", "version", "attempt", "result")
+
+
+def checkpoint_statement(tables: QueueTables) -> ReturningInsert[Any]:
+    """Commit a step's result with the step's writes: one statement, fenced.
+
+    Parameters: :class:`CheckpointParams`. Returns the job's id if the step was written;
+    no row if the execution is no longer this attempt's, was cancelled, or the step was
+    committed already (the caller then rolls the step's writes back).
+    """
+    steps = tables.job_steps
+    source = _fenced_source(tables, cast(bindparam("step_result", type_=Text), JSONB))
+    source = source.add_columns(cast(bindparam("step_compensate", type_=Text), JSONB))
+    return (
+        insert(steps)
+        .from_select([*_INSERTED, "compensate"], source)
+        .on_conflict_do_nothing(index_elements=[steps.c.job_id, steps.c.name])
+        .returning(steps.c.job_id)
+    )
+
+
+def advance_cursor_statement(tables: QueueTables) -> ReturningInsert[Any]:
+    """Move a cursor with its batch's writes: one statement, fenced.
+
+    Parameters: :class:`CursorParams` (``kind`` is ``cursor``). The stored position moves
+    from ``expected`` to ``result`` only if it still is ``expected``: two attempts that
+    process the same batch cannot both commit it. Returns the job's id if it moved.
+    """
+    steps = tables.job_steps
+    source = _fenced_source(tables, cast(bindparam("step_result", type_=Text), JSONB))
+    stmt = insert(steps).from_select(list(_INSERTED), source)
+    return stmt.on_conflict_do_update(
+        index_elements=[steps.c.job_id, steps.c.name],
+        set_={
+            "result": stmt.excluded.result,
+            "attempt": stmt.excluded.attempt,
+            "committed_at": func.now(),
+        },
+        where=steps.c.result == cast(bindparam("expected", type_=Text), JSONB),
+    ).returning(steps.c.job_id)
+
+
+def lock_execution_statement(tables: QueueTables) -> Select[Any]:
+    """Lock the execution this attempt holds ``FOR UPDATE``, before a wait reads whether
+    it may go on. Parameters: :class:`FenceParams`. Returns ``(id, cancel_requested)``,
+    or no row if the execution is no longer this attempt's."""
+    ex = tables.executions
+    return select(ex.c.id, ex.c.cancel_requested).where(_fence(tables)).with_for_update(of=ex)
+
+
+def record_wait_statement(tables: QueueTables) -> ReturningInsert[Any]:
+    """Record the deadline of a wait that begins (once: a replay keeps the first one).
+
+    Parameters: :class:`WaitParams` (``kind`` is ``wait``). The deadline is the database's
+    ``now()`` plus ``timeout`` seconds (``{"until": null}`` without one).
+    """
+    steps = tables.job_steps
+    # NULL without a timeout: the sum is NULL, and so is the deadline.
+    until = func.now() + seconds(cast(bindparam("timeout", type_=Double), Double))
+    source = _fenced_source(tables, func.jsonb_build_object(literal_column("'until'"), until))
+    return (
+        insert(steps)
+        .from_select(list(_INSERTED), source)
+        .on_conflict_do_nothing(index_elements=[steps.c.job_id, steps.c.name])
+        .returning(steps.c.job_id)
+    )
+
+
+def suspend_statement(tables: QueueTables) -> ReturningUpdate[Any]:
+    """Suspend the execution: out of every claim index, with no worker and no seat.
+
+    Parameters: :class:`SuspendParams`. It becomes ``suspended``, waiting for ``wait``
+    until the deadline recorded by wait step ``step`` (forever without one). The attempt
+    the claim counted is given back: a wait is not an attempt. Returns ``(id,
+    execute_at)`` if it was suspended.
+    """
+    ex = tables.executions
+    steps = tables.job_steps
+    recorded = (
+        select(cast(steps.c.result["until"].astext, DateTime(timezone=True)))
+        .where(
+            steps.c.job_id == ex.c.id,
+            steps.c.name == bindparam("step", type_=Text),
+        )
+        .scalar_subquery()
+    )
+    return (
+        update(ex)
+        .where(_fence(tables))
+        .values(
+            state=SUSPENDED,
+            wait=bindparam("waits_for", type_=Text),
+            execute_at=func.coalesce(recorded, literal_column(FOREVER_SQL)),
+            attempt=ex.c.attempt - 1,
+            worker_id=null(),
+            alive_at=null(),
+            slot=null(),
+        )
+        .returning(ex.c.id, ex.c.execute_at)
+    )
+
+
+def execution_state_statement(tables: QueueTables) -> Select[Any]:
+    """Why a fenced statement found nothing: the execution of ``job`` as it is now.
+
+    Returns ``(state, attempt, worker_id, cancel_requested)``, or no row if the job has no
+    execution any more.
+    """
+    ex = tables.executions
+    return select(ex.c.state, ex.c.attempt, ex.c.worker_id, ex.c.cancel_requested).where(
+        ex.c.id == bindparam("job", type_=BigInteger)
+    )

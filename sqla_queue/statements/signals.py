@@ -1,0 +1,219 @@
+"""Waking suspended durable jobs: signals, conditions on the app's rows, and due times.
+
+A suspended execution is ``pending`` again once what it waits for has come; each wake
+calls ``pg_notify`` on the queue's wake-up channel, as an enqueue does, so an idle worker
+claims it at once.
+
+A signal is sent in two statements, in the sender's transaction:
+:func:`lock_for_signal_statement` locks the job's execution (if it has one), then
+:func:`signal_statement` stores the signal and wakes the job if it waits for it. A job that
+begins to wait locks the same row before it reads the signals (see
+:mod:`sqla_queue.statements.durable`), so whichever commits second sees the other: a
+signal sent before the wait began is found by the wait, one sent after it wakes the job.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    Select,
+    Text,
+    and_,
+    bindparam,
+    case,
+    cast,
+    exists,
+    func,
+    literal,
+    null,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
+from sqlalchemy.sql.dml import ReturningUpdate
+
+from sqla_queue.models.tables import QueueTables
+from sqla_queue.statements._common import PENDING, SUSPENDED
+
+__all__ = [
+    "SignalParams",
+    "WakeDueParams",
+    "WakeWaitingParams",
+    "condition_wake_statement",
+    "lock_for_signal_statement",
+    "signal_payload_statement",
+    "signal_statement",
+    "wake_due_statement",
+    "wake_waiting_statement",
+]
+
+
+class SignalParams(TypedDict):
+    """A signal: its job, its name, its payload (JSON text), and the ``wait`` value of a
+    job that waits for it."""
+
+    job: int
+    signal: str
+    payload: str
+    waits_for: str
+
+
+class WakeDueParams(TypedDict):
+    """The wake sweep: at most ``limit`` executions per statement."""
+
+    limit: int
+
+
+class WakeWaitingParams(TypedDict):
+    """The ``wait`` values whose suspended executions wake."""
+
+    waits: list[str]
+
+
+def _notify(tables: QueueTables) -> Any:
+    return func.pg_notify(literal(tables.notify_channel, Text), literal("", Text))
+
+
+def lock_for_signal_statement(tables: QueueTables) -> Select[Any]:
+    """Lock job ``job``'s execution, if it has one, before its signal is written.
+
+    Returns ``(id)``, or no row for a job without an execution (finished, or unknown).
+    """
+    ex = tables.executions
+    return (
+        select(ex.c.id).where(ex.c.id == bindparam("job", type_=BigInteger)).with_for_update(of=ex)
+    )
+
+
+def signal_statement(tables: QueueTables) -> Select[Any]:
+    """Store signal ``signal`` for job ``job`` and wake the job if it waits for it.
+
+    Parameters: :class:`SignalParams`. Returns one row ``(status, stored, woken)``: the
+    job's status (``None``: no such job, and nothing is stored), whether the signal was
+    stored (``False``: one of that name was sent before, and the first one stands) and
+    whether a suspended job was woken (with a NOTIFY to the workers).
+    """
+    jobs = tables.jobs
+    ex = tables.executions
+    signals = tables.job_signals
+    job = bindparam("job", type_=BigInteger)
+    sent = (
+        insert(signals)
+        .from_select(
+            ["job_id", "name", "payload"],
+            select(
+                jobs.c.id,
+                bindparam("signal", type_=Text),
+                cast(bindparam("payload", type_=Text), JSONB),
+            ).where(jobs.c.id == job),
+        )
+        .on_conflict_do_nothing(index_elements=[signals.c.job_id, signals.c.name])
+        .returning(signals.c.job_id)
+        .cte("sent")
+    )
+    woken = (
+        update(ex)
+        .where(
+            ex.c.id == select(sent.c.job_id).scalar_subquery(),
+            ex.c.state == SUSPENDED,
+            ex.c.wait == bindparam("waits_for", type_=Text),
+        )
+        .values(state=PENDING, execute_at=func.now(), wait=null())
+        .returning(ex.c.id)
+        .cte("woken")
+    )
+    was_woken = exists(select(woken.c.id))
+    return select(
+        select(jobs.c.status).where(jobs.c.id == job).scalar_subquery().label("status"),
+        exists(select(sent.c.job_id)).label("stored"),
+        was_woken.label("woken"),
+        case((was_woken, _notify(tables)), else_=null()).label("notified"),
+    )
+
+
+def wake_due_statement(tables: QueueTables) -> Select[Any]:
+    """Wake the suspended executions whose due time has come (a sleep's end, a wait's
+    deadline), at most ``limit`` of them, skipping those a sender holds.
+
+    Parameters: :class:`WakeDueParams`. Returns one row ``(woken, next_in)``: how many
+    woke (the workers were notified if any did), and the seconds until the next due time
+    of a suspended execution, if any.
+    """
+    ex = tables.executions
+    due = (
+        select(ex.c.id)
+        .where(ex.c.state == SUSPENDED, ex.c.execute_at <= func.now())
+        .order_by(ex.c.execute_at)
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(of=ex, skip_locked=True)
+        .cte("due")
+    )
+    woken = (
+        update(ex)
+        .where(ex.c.id == due.c.id, ex.c.state == SUSPENDED)
+        .values(state=PENDING, execute_at=func.now(), wait=null())
+        .returning(ex.c.id)
+        .cte("woken")
+    )
+    count = select(func.count()).select_from(woken).scalar_subquery()
+    later = (
+        select(func.extract("epoch", func.min(ex.c.execute_at) - func.now()))
+        .where(ex.c.state == SUSPENDED, ex.c.execute_at > func.now())
+        .scalar_subquery()
+    )
+    return select(
+        count.label("woken"),
+        later.label("next_in"),
+        case((count > 0, _notify(tables)), else_=null()).label("notified"),
+    )
+
+
+def wake_waiting_statement(tables: QueueTables) -> ReturningUpdate[Any]:
+    """Wake the suspended executions that wait for any of ``waits`` (a condition's rows,
+    a migrated step's version). Returns their ids; the workers are notified if any woke.
+    """
+    ex = tables.executions
+    return (
+        update(ex)
+        .where(
+            ex.c.state == SUSPENDED,
+            ex.c.wait == func.any(bindparam("waits", type_=ARRAY(Text))),
+        )
+        .values(state=PENDING, execute_at=func.now(), wait=null())
+        .returning(ex.c.id, _notify(tables).label("notified"))
+    )
+
+
+def condition_wake_statement(tables: QueueTables, holds: Select[Any]) -> ReturningUpdate[Any]:
+    """Wake the jobs that wait on one row for a condition, if the condition now holds.
+
+    ``holds`` selects the row (by the bound ``key``) only when the condition is true; it
+    runs in the writer's transaction, after its flush, so it sees the writer's changes.
+    Parameters: ``waits_for`` and ``key``. Returns the woken ids.
+    """
+    ex = tables.executions
+    return (
+        update(ex)
+        .where(
+            and_(
+                ex.c.state == SUSPENDED,
+                ex.c.wait == bindparam("waits_for", type_=Text),
+                exists(holds),
+            )
+        )
+        .values(state=PENDING, execute_at=func.now(), wait=null())
+        .returning(ex.c.id, _notify(tables).label("notified"))
+    )
+
+
+def signal_payload_statement(tables: QueueTables) -> Select[Any]:
+    """The payload of signal ``signal`` sent to job ``job``: one row ``(payload)`` if it
+    was sent, none otherwise."""
+    signals = tables.job_signals
+    return select(signals.c.payload).where(
+        signals.c.job_id == bindparam("job", type_=BigInteger),
+        signals.c.name == bindparam("signal", type_=Text),
+    )

@@ -1,0 +1,310 @@
+"""Durable jobs end to end on a real PostgreSQL: steps committed with their writes and
+replayed, waits that suspend the job outside the claim, signals, conditions on the app's
+rows, cursors, compensations and versions, with sync and async workers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
+
+from sqla_queue.errors import JobNotFoundError
+from tests.support.app import Shipment, StepWrite
+from tests.support.durable_app import (
+    dj_async_signal,
+    dj_async_steps,
+    dj_crashy,
+    dj_import,
+    dj_saga,
+    dj_signal,
+    dj_sleepy,
+    dj_steps,
+    dj_until,
+    dj_versioned,
+    queue,
+)
+
+pytestmark = pytest.mark.integration
+
+JOBS = queue.tables.jobs
+EXECUTIONS = queue.tables.executions
+
+
+def drain(factory: sessionmaker[Session], **settings: Any) -> None:
+    """Run a sync worker until nothing is claimable."""
+    queue.worker(factory, concurrency=2, **settings).run(burst=True)
+
+
+def drain_retries(engine: Engine, factory: sessionmaker[Session], job_id: int) -> None:
+    """Drain until job ``job_id`` is no longer due for a retry (up to 10 s)."""
+    deadline = time.monotonic() + 10
+    while True:
+        drain(factory)
+        state = execution(engine, job_id)
+        if state is None or state.state != "pending" or time.monotonic() > deadline:
+            return
+        time.sleep(0.1)
+
+
+def outcome(engine: Engine, job_id: int) -> tuple[str, Any]:
+    with engine.connect() as connection:
+        row = connection.execute(
+            select(JOBS.c.status, JOBS.c.result).where(JOBS.c.id == job_id)
+        ).one()
+    return row.status, row.result
+
+
+def execution(engine: Engine, job_id: int) -> Any:
+    with engine.connect() as connection:
+        return connection.execute(
+            select(
+                EXECUTIONS.c.state, EXECUTIONS.c.wait, EXECUTIONS.c.slot, EXECUTIONS.c.attempt
+            ).where(EXECUTIONS.c.id == job_id)
+        ).one_or_none()
+
+
+def writes(engine: Engine, job_id: int) -> list[tuple[str, str | None]]:
+    with engine.connect() as connection:
+        rows = connection.execute(
+            select(StepWrite.step, StepWrite.value)
+            .where(StepWrite.job_id == job_id)
+            .order_by(StepWrite.step)
+        ).all()
+    return [(r.step, r.value) for r in rows]
+
+
+def test_steps_commit_with_their_writes(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    with SessionLocal.begin() as session:
+        job = dj_steps.enqueue(session, 3)
+    drain(SessionLocal)
+    assert outcome(engine, job) == ("succeeded", 3)
+    assert writes(engine, job) == [("s0", "0"), ("s1", "1"), ("s2", "2")]
+    with SessionLocal() as session:
+        steps = queue.job_steps(session, job)
+    assert [(s.name, s.kind, s.result) for s in steps] == [
+        ("s0", "step", 0),
+        ("s1", "step", 1),
+        ("s2", "step", 2),
+    ]
+
+
+def test_a_retry_skips_the_committed_steps(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    with SessionLocal.begin() as session:
+        job = dj_crashy.enqueue(session, 4, 2)
+    drain_retries(engine, SessionLocal, job)
+    assert outcome(engine, job) == ("succeeded", [0, 10, 20, 30])
+    # Steps 0 and 1 ran in attempt 1 only; 2 and 3 in attempt 2.
+    assert writes(engine, job) == [("s0", "1"), ("s1", "1"), ("s2", "2"), ("s3", "2")]
+
+
+def test_sleep_suspends_without_a_seat_and_wakes(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    with SessionLocal.begin() as session:
+        job = dj_sleepy.enqueue(session, 30.0)
+    drain(SessionLocal)
+    state = execution(engine, job)
+    assert state is not None
+    assert (state.state, state.wait, state.slot, state.attempt) == ("suspended", "sleep", None, 0)
+    with SessionLocal() as session:
+        (suspended,) = queue.suspended_jobs(session)
+    assert suspended.id == job and suspended.waits_for == "sleep"
+    assert suspended.until is not None
+    with SessionLocal.begin() as session:
+        assert queue.fire_timers(session, [job]) == [job]
+    drain(SessionLocal)
+    # One attempt in all: the wait did not count as one.
+    assert outcome(engine, job) == ("succeeded", 1)
+    assert writes(engine, job) == [("after", None), ("before", None)]
+
+
+def test_a_signal_sent_before_the_wait_is_not_lost(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    with SessionLocal.begin() as session:
+        job = dj_signal.enqueue(session)
+        sent = queue.signal(session, job, "approved", {"by": "ada"})
+    assert (sent.stored, sent.woke, sent.status) == (True, False, "queued")
+    drain(SessionLocal)
+    assert outcome(engine, job) == ("succeeded", {"by": "ada"})
+
+
+def test_a_signal_wakes_its_waiter(engine: Engine, SessionLocal: sessionmaker[Session]) -> None:
+    with SessionLocal.begin() as session:
+        job = dj_signal.enqueue(session)
+    drain(SessionLocal)
+    assert execution(engine, job).wait == "signal:approved"
+    with SessionLocal.begin() as session:
+        sent = queue.signal(session, job, "approved", [1, 2])
+        again = queue.signal(session, job, "approved", "second")
+    assert (sent.stored, sent.woke) == (True, True)
+    assert (again.stored, again.woke) == (False, False)
+    drain(SessionLocal)
+    assert outcome(engine, job) == ("succeeded", [1, 2])
+
+
+def test_a_signal_wait_times_out(engine: Engine, SessionLocal: sessionmaker[Session]) -> None:
+    with SessionLocal.begin() as session:
+        job = dj_signal.enqueue(session, timeout=3600)
+    drain(SessionLocal)
+    with SessionLocal.begin() as session:
+        queue.fire_timers(session)
+    drain(SessionLocal)
+    assert outcome(engine, job) == ("succeeded", "timed out")
+
+
+def test_signal_refuses_an_unknown_job_and_bad_payloads(
+    SessionLocal: sessionmaker[Session],
+) -> None:
+    with SessionLocal.begin() as session, pytest.raises(JobNotFoundError):
+        queue.signal(session, 987654321, "approved")
+    with SessionLocal.begin() as session, pytest.raises(TypeError, match="JSON"):
+        queue.signal(session, 1, "approved", {1, 2})
+    with SessionLocal.begin() as session, pytest.raises(ValueError, match="name"):
+        queue.signal(session, 1, "")
+
+
+def test_a_flush_that_makes_the_condition_true_wakes_the_job(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    with SessionLocal.begin() as session:
+        session.add(Shipment(id=7, status="new"))
+        job = dj_until.enqueue(session, 7)
+    drain(SessionLocal)
+    assert execution(engine, job).state == "suspended"
+    with SessionLocal.begin() as session:
+        session.get(Shipment, 7).status = "packed"  # the condition is still false
+    assert execution(engine, job).state == "suspended"
+    with SessionLocal.begin() as session:
+        session.get(Shipment, 7).status = "shipped"
+    assert execution(engine, job).state == "pending"
+    drain(SessionLocal)
+    assert outcome(engine, job) == ("succeeded", "shipped")
+
+
+def test_a_core_update_wakes_through_the_condition(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    from tests.support.durable_app import shipped
+
+    with SessionLocal.begin() as session:
+        session.add(Shipment(id=8, status="new"))
+        job = dj_until.enqueue(session, 8)
+    drain(SessionLocal)
+    with SessionLocal.begin() as session:
+        session.execute(update(Shipment).where(Shipment.id == 8).values(status="shipped"))
+        assert shipped.wake(session, 8) == [job]
+    drain(SessionLocal)
+    assert outcome(engine, job) == ("succeeded", "shipped")
+
+
+def test_a_cursor_resumes_where_it_stopped(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    with SessionLocal.begin() as session:
+        job = dj_import.enqueue(session, 50, 10, 30)
+    drain_retries(engine, SessionLocal, job)
+    assert outcome(engine, job) == ("succeeded", 50)
+    by_item = dict(writes(engine, job))
+    assert {by_item[f"item{i}"] for i in range(30)} == {"1"}
+    assert {by_item[f"item{i}"] for i in range(30, 50)} == {"2"}
+
+
+def test_compensations_run_in_reverse_once_the_job_failed(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    with SessionLocal.begin() as session:
+        job = dj_saga.enqueue(session, True)
+    drain(SessionLocal)
+    assert outcome(engine, job)[0] == "failed"
+    drain(SessionLocal)  # its maintenance enqueued the compensations; run them
+    with engine.connect() as connection:
+        refunds = connection.execute(
+            select(StepWrite.step, JOBS.c.id)
+            .join(JOBS, JOBS.c.id == StepWrite.job_id)
+            .where(StepWrite.step.like("refund:%"))
+            .order_by(JOBS.c.id)
+        ).all()
+    assert [r.step for r in refunds] == ["refund:ship", "refund:charge", "refund:reserve"]
+    with SessionLocal() as session:
+        steps = queue.job_steps(session, job)
+    assert all(s.compensated_by is not None for s in steps)
+
+
+def test_cancelling_a_suspended_job_runs_its_compensations(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    with SessionLocal.begin() as session:
+        job = dj_saga.enqueue(session, False, wait=True)
+    drain(SessionLocal)
+    assert execution(engine, job).state == "suspended"
+    assert queue.cancel(engine, [job]) == {job: "cancelled"}
+    assert execution(engine, job) is None
+    drain(SessionLocal)
+    steps = dict(writes(engine, job))
+    assert set(steps) == {"reserve", "charge", "ship"}
+    with engine.connect() as connection:
+        count = connection.execute(
+            select(StepWrite.step).where(StepWrite.step.like("refund:%"))
+        ).all()
+    assert sorted(r.step for r in count) == ["refund:charge", "refund:reserve", "refund:ship"]
+
+
+def test_a_changed_step_version_waits_for_an_operator(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    with SessionLocal.begin() as session:
+        job = dj_versioned.enqueue(session, 1)
+    drain(SessionLocal)
+    assert execution(engine, job).wait == "signal:go"
+    with SessionLocal.begin() as session:
+        queue.signal(session, job, "go")
+        session.execute(
+            update(JOBS).where(JOBS.c.id == job).values(payload={"args": [2], "kwargs": {}})
+        )
+    drain(SessionLocal)  # the code is now version 2: the stored step is version 1
+    assert execution(engine, job).wait == "version:reserve"
+    with SessionLocal() as session:
+        versions = queue.step_versions(session)
+    assert [(v.task, v.step, v.version, v.jobs) for v in versions] == [
+        ("dj_versioned", "reserve", 1, 1)
+    ]
+    with SessionLocal.begin() as session:
+        migrated = queue.migrate_steps(
+            session, task="dj_versioned", step="reserve", from_version=1, to_version=2
+        )
+    assert migrated == [job]
+    drain(SessionLocal)
+    assert outcome(engine, job) == ("succeeded", {"by": 1})
+
+
+def test_async_worker_runs_steps_and_waits(
+    engine: Engine, AsyncSessionLocal: async_sessionmaker[AsyncSession]
+) -> None:
+    async def scenario() -> tuple[int, int]:
+        async with AsyncSessionLocal.begin() as session:
+            steps = await dj_async_steps.enqueue(session, 3)
+            waiter = await dj_async_signal.enqueue(session)
+        await queue.async_worker(AsyncSessionLocal, concurrency=2).run(burst=True)
+        async with AsyncSessionLocal.begin() as session:
+            await queue.fire_timers(session)
+        await queue.async_worker(AsyncSessionLocal, concurrency=2).run(burst=True)
+        async with AsyncSessionLocal.begin() as session:
+            sent = await queue.signal(session, waiter, "approved", "yes")
+            assert sent.woke
+        await queue.async_worker(AsyncSessionLocal, concurrency=2).run(burst=True)
+        return steps, waiter
+
+    steps, waiter = asyncio.run(scenario())
+    assert outcome(engine, steps) == ("succeeded", 103)
+    assert writes(engine, steps) == [("s0", "0"), ("s1", "1"), ("s2", "2")]
+    assert outcome(engine, waiter) == ("succeeded", "yes")
