@@ -141,8 +141,9 @@ def wake_jobs_statement(tables: QueueTables) -> ReturningUpdate[Any]:
         update(ex)
         .where(
             ex.c.id == func.any(bindparam("ids", type_=ARRAY(BigInteger))),
-            ex.c.state == SUSPENDED,
-            waits_for.is_(None) | (ex.c.wait == waits_for),
+            # By primary key, never by a partial index over every suspended row.
+            func.coalesce(ex.c.state, "") == SUSPENDED,
+            waits_for.is_(None) | (func.coalesce(ex.c.wait, "") == waits_for),
         )
         .values(state=PENDING, execute_at=func.now(), wait=null())
         .returning(

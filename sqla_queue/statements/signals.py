@@ -22,6 +22,7 @@ from sqlalchemy import (
     Select,
     Text,
     and_,
+    any_,
     bindparam,
     case,
     cast,
@@ -36,7 +37,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 from sqlalchemy.sql.dml import ReturningUpdate
 
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.statements._common import PENDING, SUSPENDED
+from sqla_queue.statements._common import ONE, PENDING, SUSPENDED
 
 __all__ = [
     "SignalParams",
@@ -118,8 +119,11 @@ def signal_statement(tables: QueueTables) -> Select[Any]:
         update(ex)
         .where(
             ex.c.id == select(sent.c.job_id).scalar_subquery(),
-            ex.c.state == SUSPENDED,
-            ex.c.wait == bindparam("waits_for", type_=Text),
+            # By primary key: written so that no partial index over suspended rows
+            # matches (under statistics taken before any job waited, the planner walked
+            # wait_ix over every waiter of the signal's name, filtering on the id).
+            func.coalesce(ex.c.state, "") == SUSPENDED,
+            func.coalesce(ex.c.wait, "") == bindparam("waits_for", type_=Text),
         )
         .values(state=PENDING, execute_at=func.now(), wait=null())
         .returning(ex.c.id)
@@ -153,15 +157,24 @@ def wake_due_statement(tables: QueueTables) -> Select[Any]:
     )
     woken = (
         update(ex)
-        .where(ex.c.id == due.c.id, ex.c.state == SUSPENDED)
+        # Probes of the primary key: a join let the planner hash every suspended row
+        # (suspended_ix) to find the few that are due.
+        .where(
+            ex.c.id == any_(func.array(select(due.c.id).scalar_subquery())),
+            func.coalesce(ex.c.state, "") == SUSPENDED,
+        )
         .values(state=PENDING, execute_at=func.now(), wait=null())
         .returning(ex.c.id)
         .cte("woken")
     )
     count = select(func.count()).select_from(woken).scalar_subquery()
+    # The first entry of suspended_ix past now: an ordered walk that stops at one row (a
+    # min() let the planner read every suspended row through wait_ix).
     later = (
-        select(func.extract("epoch", func.min(ex.c.execute_at) - func.now()))
+        select(func.extract("epoch", ex.c.execute_at - func.now()))
         .where(ex.c.state == SUSPENDED, ex.c.execute_at > func.now())
+        .order_by(ex.c.execute_at)
+        .limit(ONE)
         .scalar_subquery()
     )
     return select(

@@ -27,6 +27,7 @@ from sqlalchemy import Connection, Engine, create_engine, insert, select, text
 from sqlalchemy.dialects import postgresql
 
 from sqla_queue import statements
+from sqla_queue.durable.statements import DurableStatements
 from sqla_queue.enqueue import prepare_rows
 from sqla_queue.logic.outcomes import Outcome, OutcomeKind
 from sqla_queue.statements import release
@@ -54,11 +55,14 @@ RAW = RawStatements(postgresql.psycopg.dialect())  # type: ignore[no-untyped-cal
 ENQUEUE = statements.enqueue_statement(TABLES, notify=True)
 ADVANCE = release.advance_statement(TABLES, notify=True)
 DECIDE = release.decide_statement(TABLES, notify=True)
+DURABLE = DurableStatements.of(TABLES)
 #: The tables whose plans must stay bounded by the batch.
 WATCHED = (
     EXECUTIONS,
     TABLES.workflow_edges.name,
     TABLES.workflow_nodes.name,
+    TABLES.job_steps.name,
+    TABLES.job_signals.name,
 )
 
 
@@ -88,6 +92,11 @@ STATEMENTS = (
     "keyed enqueue",
     "workflow release",
     "workflow decision",
+    "step checkpoint",
+    "suspension",
+    "signal",
+    "wake sweep",
+    "compensation sweep",
 )
 STATES = (
     "never analyzed, 100k",
@@ -184,6 +193,23 @@ def _measure(engine: Engine) -> dict[tuple[str, bool], list[str]]:
                 },
                 conn,
             )
+            # A durable step of a claimed job, then its suspension (schema version 7).
+            fence = {"job": claimed[0].id, "held_attempt": claimed[0].attempt, "worker": worker}
+            run(
+                "step checkpoint",
+                DURABLE.checkpoint,
+                {
+                    **fence,
+                    "step": "s1",
+                    "step_kind": "step",
+                    "step_version": 1,
+                    "step_result": "1",
+                    "step_compensate": None,
+                },
+                conn,
+            )
+            conn.execute(DURABLE.lock_execution, fence)
+            run("suspension", DURABLE.suspend, {**fence, "waits_for": "sleep", "step": None}, conn)
             keys = sorted({row.queue_id for row in claimed if row.queue_id} | {"hot", "k1"})
             run("promotion", statements.promote_statement(TABLES), {"keys": keys}, conn)
             conn.rollback()
@@ -194,6 +220,23 @@ def _measure(engine: Engine) -> dict[tuple[str, bool], list[str]]:
                 "orphan sweep",
                 statements.orphan_sweep_statement(TABLES),
                 {"after": "", "limit": 100},
+                conn,
+            )
+            run("wake sweep", DURABLE.wake_due, {"limit": 1000}, conn)
+            run("compensation sweep", DURABLE.compensations_due, {"limit": 100}, conn)
+            conn.rollback()
+            # A signal to a job that waits for it, as queue.signal sends it.
+            waiting = conn.execute(
+                text(
+                    f"SELECT id FROM {TABLES.executions.fullname}"
+                    " WHERE state = 'suspended' AND wait = 'signal:go' LIMIT 1"
+                )
+            ).scalar_one()
+            conn.execute(DURABLE.lock_for_signal, {"job": waiting})
+            run(
+                "signal",
+                DURABLE.signal,
+                {"job": waiting, "signal": "go", "payload": "null", "waits_for": "signal:go"},
                 conn,
             )
             conn.rollback()

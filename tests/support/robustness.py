@@ -41,6 +41,8 @@ MIX = (
     (0.15, "noop", None, "pending", 5, False),
     (0.10, "noop", None, "pending", 0, True),
     (0.05, "limited3", None, "pending", 0, True),
+    # Durable jobs asleep until tomorrow (schema version 7): outside every claim index.
+    (0.10, "noop", None, "suspended", 0, False),
 )
 
 #: The most rows any node of a hot statement may produce or filter out, per run, with a
@@ -66,13 +68,15 @@ def _fill(
     ex = tables.executions.fullname
     at = "now() - interval '1 second'" if due else "now() + interval '1 day'"
     key = "NULL" if queue_id is None else f"'{queue_id}'"
+    # A suspended job sleeps (due: its sleep is over) or waits for signal "go".
+    wait = "NULL" if state != "suspended" else ("'sleep'" if due else "'signal:go'")
     connection.execute(
         text(
             f"WITH j AS (INSERT INTO {jobs} (task, payload, priority, queue_id, max_attempts,"
             f" scheduled_at) SELECT '{task}', '{{\"args\": [], \"kwargs\": {{}}}}', {priority},"
             f" {key}, 3, {at} FROM generate_series(1, {count}) RETURNING id, scheduled_at)"
-            f" INSERT INTO {ex} (id, task, priority, queue_id, state, execute_at)"
-            f" SELECT id, '{task}', {priority}, {key}, '{state}', scheduled_at FROM j"
+            f" INSERT INTO {ex} (id, task, priority, queue_id, state, execute_at, wait)"
+            f" SELECT id, '{task}', {priority}, {key}, '{state}', scheduled_at, {wait} FROM j"
         )
     )
 
@@ -150,6 +154,10 @@ def seed_fixtures(connection: Connection, tables: QueueTables) -> None:
         _fill(
             connection, tables, 1, task="noop", queue_id=f"d{i}", state="done", priority=0, due=True
         )
+    # Durable jobs whose sleep is over (for the wake sweep), and jobs waiting for a signal.
+    _fill(
+        connection, tables, 50, task="noop", queue_id=None, state="suspended", priority=0, due=True
+    )
     ex = tables.executions.fullname
     # Executions of a dead worker, for the reclaim sweep, and of a live one.
     connection.execute(

@@ -15,7 +15,15 @@ from sqla_queue.models import build_tables
 
 pytestmark = pytest.mark.unit
 
-from sqla_queue.statements import release, workflow_admin, workflow_listing  # noqa: E402
+from sqla_queue.statements import (  # noqa: E402
+    compensations,
+    durable,
+    durable_admin,
+    release,
+    signals,
+    workflow_admin,
+    workflow_listing,
+)
 from sqla_queue.statements import workflows as workflow_statements  # noqa: E402
 from sqla_queue.statements.controls import (  # noqa: E402
     controlled_tasks_statement,
@@ -100,6 +108,27 @@ BUILDERS = {
         t, before=True
     ),
     "workflow_of_node": workflow_listing.node_workflow_statement,
+    # Durable jobs (schema version 7).
+    "durable_steps": durable.steps_statement,
+    "durable_checkpoint": durable.checkpoint_statement,
+    "durable_advance_cursor": durable.advance_cursor_statement,
+    "durable_lock_execution": durable.lock_execution_statement,
+    "durable_record_wait": durable.record_wait_statement,
+    "durable_suspend": durable.suspend_statement,
+    "durable_execution_state": durable.execution_state_statement,
+    "signal_lock": signals.lock_for_signal_statement,
+    "signal_send": signals.signal_statement,
+    "signal_payload": signals.signal_payload_statement,
+    "wake_due": signals.wake_due_statement,
+    "wake_waiting": signals.wake_waiting_statement,
+    "compensations_due": compensations.compensations_due_statement,
+    "compensations_mark": compensations.mark_compensated_statement,
+    "durable_suspended": durable_admin.suspended_statement,
+    "durable_job_steps": durable_admin.job_steps_statement,
+    "durable_step_versions": durable_admin.step_versions_statement,
+    "durable_migrate_steps": durable_admin.migrate_steps_statement,
+    "durable_wake_jobs": durable_admin.wake_jobs_statement,
+    "durable_fire": durable_admin.fire_statement,
 }
 
 
@@ -223,6 +252,10 @@ def test_no_values_baked_in(tables, name: str) -> None:
         "workflow",
         "ended",
         "pruned",  # a node whose job left the history, in the workflows listing
+        # Durable jobs: the suspended state, and "no deadline" (see FOREVER_SQL).
+        "suspended",
+        "9999-12-31 00:00:00+00",
+        "until",  # the key of a wait's deadline in its step's JSON
     }
     assert literals <= allowed, literals - allowed
 

@@ -1,0 +1,1 @@
+UPDATE app.q_job_steps SET compensated_by=given.comp FROM (SELECT unnest(%(jobs)s::BIGINT[]) AS job, unnest(%(names)s::TEXT[]) AS step, unnest(%(ids)s::BIGINT[]) AS comp) AS given WHERE app.q_job_steps.job_id = given.job AND app.q_job_steps.name = given.step RETURNING app.q_job_steps.job_id, app.q_job_steps.name

@@ -1,0 +1,1 @@
+UPDATE app.q_job_steps SET version=%(to_version)s::INTEGER FROM app.q_jobs WHERE app.q_job_steps.job_id = app.q_jobs.id AND app.q_jobs.status = 'queued' AND app.q_jobs.task = %(task)s::VARCHAR AND app.q_job_steps.name = %(step)s::VARCHAR AND app.q_job_steps.version = %(from_version)s::INTEGER RETURNING app.q_job_steps.job_id

@@ -1,0 +1,3 @@
+INSERT INTO app.q_job_steps (job_id, name, kind, version, attempt, result) SELECT app.q_job_executions.id, %(step)s::VARCHAR AS anon_1, %(step_kind)s::VARCHAR AS anon_2, %(step_version)s::INTEGER AS anon_3, app.q_job_executions.attempt, jsonb_build_object('until', now() + CAST(%(timeout)s AS DOUBLE PRECISION) * interval '1 second') AS jsonb_build_object_1 
+FROM app.q_job_executions 
+WHERE app.q_job_executions.id = %(job)s::BIGINT AND app.q_job_executions.attempt = %(held_attempt)s::INTEGER AND coalesce(app.q_job_executions.state, '') = 'running' AND app.q_job_executions.worker_id = %(worker)s::UUID AND NOT app.q_job_executions.cancel_requested FOR SHARE OF q_job_executions ON CONFLICT (job_id, name) DO NOTHING RETURNING app.q_job_steps.job_id

@@ -1,0 +1,3 @@
+UPDATE app.q_job_executions SET state='suspended', execute_at=coalesce((SELECT CAST(app.q_job_steps.result ->> %(result_1)s::TEXT AS TIMESTAMP WITH TIME ZONE) AS anon_1 
+FROM app.q_job_steps 
+WHERE app.q_job_steps.job_id = app.q_job_executions.id AND app.q_job_steps.name = %(step)s::VARCHAR), timestamptz '9999-12-31 00:00:00+00'), attempt=(app.q_job_executions.attempt - %(attempt_1)s::INTEGER), worker_id=NULL, alive_at=NULL, slot=NULL, wait=%(waits_for)s::VARCHAR WHERE app.q_job_executions.id = %(job)s::BIGINT AND app.q_job_executions.attempt = %(held_attempt)s::INTEGER AND coalesce(app.q_job_executions.state, '') = 'running' AND app.q_job_executions.worker_id = %(worker)s::UUID RETURNING app.q_job_executions.id, app.q_job_executions.execute_at

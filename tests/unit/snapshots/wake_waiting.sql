@@ -1,0 +1,1 @@
+UPDATE app.q_job_executions SET state='pending', execute_at=now(), wait=NULL WHERE app.q_job_executions.state = 'suspended' AND app.q_job_executions.wait = any(%(waits)s::TEXT[]) RETURNING app.q_job_executions.id, pg_notify(%(param_1)s::VARCHAR, %(param_2)s::VARCHAR) AS notified
