@@ -174,7 +174,8 @@ def prune_statement(tables: QueueTables) -> CompoundSelect[tuple[int]]:
 
     Parameters: :class:`PruneParams`. Only succeeded and cancelled jobs go; failed ones stay
     for inspection unless ``include_failed`` is true. The unique keys those jobs still hold
-    go with them (a key whose holder is gone is free anyway; this keeps the table small).
+    go with them (a key whose holder is gone is free anyway; this keeps the table small),
+    and so do a durable job's committed steps and signals.
     """
     jobs = tables.jobs
     keys = tables.unique_keys
@@ -196,6 +197,26 @@ def prune_statement(tables: QueueTables) -> CompoundSelect[tuple[int]]:
         .returning(keys.c.job_id)
         .cte("freed")
     )
-    # "freed" is not read; PostgreSQL runs it regardless, and the false branch keeps
-    # SQLAlchemy from dropping the unreferenced CTE.
-    return select(pruned.c.id).union_all(select(freed.c.job_id).where(literal_column("false")))
+    # A durable job's steps and signals go with it (schema version 7).
+    steps = tables.job_steps
+    signals = tables.job_signals
+    steps_gone = (
+        delete(steps)
+        .where(steps.c.job_id.in_(select(pruned.c.id)))
+        .returning(steps.c.job_id)
+        .cte("steps_gone")
+    )
+    signals_gone = (
+        delete(signals)
+        .where(signals.c.job_id.in_(select(pruned.c.id)))
+        .returning(signals.c.job_id)
+        .cte("signals_gone")
+    )
+    # The other CTEs are not read; PostgreSQL runs them regardless, and the false branches
+    # keep SQLAlchemy from dropping them.
+    never = literal_column("false")
+    return select(pruned.c.id).union_all(
+        select(freed.c.job_id).where(never),
+        select(steps_gone.c.job_id).where(never),
+        select(signals_gone.c.job_id).where(never),
+    )

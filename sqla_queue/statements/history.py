@@ -146,23 +146,33 @@ def count_partition_statement(names: HistoryNames, partition: str) -> TextClause
 def free_partition_keys_statement(
     names: HistoryNames, partition: str, tables: QueueTables
 ) -> TextClause:
-    """Delete the unique keys that the jobs of ``partition`` hold."""
+    """Delete the unique keys that the jobs of ``partition`` hold, and the committed steps
+    and signals of its durable jobs (schema version 7)."""
     q = names.qualified
     return text(
-        f"DELETE FROM {q(tables.unique_keys.name)} k USING {q(partition)} j "
-        "WHERE j.unique_key IS NOT NULL AND k.job_id = j.id"
+        f"WITH keys AS (DELETE FROM {q(tables.unique_keys.name)} k USING {q(partition)} j "
+        "WHERE j.unique_key IS NOT NULL AND k.job_id = j.id), "
+        f"steps AS (DELETE FROM {q(tables.job_steps.name)} s USING {q(partition)} j "
+        "WHERE s.job_id = j.id) "
+        f"DELETE FROM {q(tables.job_signals.name)} g USING {q(partition)} j "
+        "WHERE g.job_id = j.id"
     )
 
 
 def prune_default_statement(names: HistoryNames, branch: str, tables: QueueTables) -> TextClause:
     """Delete the jobs of ``branch``'s default partition that finished before ``cutoff``
-    (bound), and the unique keys they hold; one ``id`` per job deleted."""
+    (bound), the unique keys they hold and their durable steps and signals; one ``id`` per
+    job deleted."""
     q = names.qualified
     return text(
         f"WITH gone AS (DELETE FROM {q(names.default_of(branch))} WHERE finished_at < :cutoff "
         "RETURNING id, unique_key), "
         f"freed AS (DELETE FROM {q(tables.unique_keys.name)} k USING gone "
-        "WHERE gone.unique_key IS NOT NULL AND k.job_id = gone.id) "
+        "WHERE gone.unique_key IS NOT NULL AND k.job_id = gone.id), "
+        f"steps AS (DELETE FROM {q(tables.job_steps.name)} s USING gone "
+        "WHERE s.job_id = gone.id), "
+        f"signals AS (DELETE FROM {q(tables.job_signals.name)} g USING gone "
+        "WHERE g.job_id = gone.id) "
         "SELECT id FROM gone"
     )
 

@@ -308,3 +308,27 @@ def test_async_worker_runs_steps_and_waits(
     assert outcome(engine, steps) == ("succeeded", 103)
     assert writes(engine, steps) == [("s0", "0"), ("s1", "1"), ("s2", "2")]
     assert outcome(engine, waiter) == ("succeeded", "yes")
+
+
+def test_prune_takes_a_jobs_steps_and_signals_with_it(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    import datetime as dt
+
+    with SessionLocal.begin() as session:
+        job = dj_signal.enqueue(session)
+        queue.signal(session, job, "approved", "ok")
+        kept = dj_steps.enqueue(session, 2)
+    drain(SessionLocal)
+    with engine.begin() as connection:  # only the first job is old enough
+        connection.execute(
+            update(JOBS)
+            .where(JOBS.c.id == job)
+            .values(finished_at=JOBS.c.finished_at - dt.timedelta(days=2))
+        )
+    with SessionLocal.begin() as session:
+        assert queue.prune(session, older_than=dt.timedelta(days=1)) == 1
+    with engine.connect() as connection:
+        signals = connection.execute(select(queue.tables.job_signals.c.job_id)).scalars().all()
+        steps = connection.execute(select(queue.tables.job_steps.c.job_id)).scalars().all()
+    assert signals == [] and set(steps) == {kept}
