@@ -332,3 +332,64 @@ def test_prune_takes_a_jobs_steps_and_signals_with_it(
         signals = connection.execute(select(queue.tables.job_signals.c.job_id)).scalars().all()
         steps = connection.execute(select(queue.tables.job_steps.c.job_id)).scalars().all()
     assert signals == [] and set(steps) == {kept}
+
+
+def test_a_durable_node_waits_then_releases_its_dependents(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    from tests.support.workflow_app import wf_gather
+
+    with SessionLocal.begin() as session:
+        handle = queue.chain(dj_signal.call(), wf_gather.call()).enqueue(session)
+    waiter, gather = handle.jobs["dj_signal"], handle.jobs["wf_gather"]
+    drain(SessionLocal)
+    assert execution(engine, waiter).state == "suspended"
+    assert execution(engine, gather) is None  # blocked behind its parent
+    with SessionLocal.begin() as session:
+        assert queue.signal(session, waiter, "approved", "go").woke
+    drain(SessionLocal)
+    assert outcome(engine, gather) == ("succeeded", {"dj_signal": "go"})
+
+
+def test_cancelling_a_workflow_runs_its_durable_nodes_compensations(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    from tests.support.workflow_app import wf_value
+
+    with SessionLocal.begin() as session:
+        handle = queue.chain(dj_saga.call(False, wait=True), wf_value.call(1)).enqueue(session)
+    saga = handle.jobs["dj_saga"]
+    drain(SessionLocal)
+    assert execution(engine, saga).wait == "signal:never"
+    assert queue.cancel_workflow(engine, handle.id) == {"cancelled": 2, "requested": 0}
+    drain(SessionLocal)
+    assert outcome(engine, saga)[0] == "cancelled"
+    assert outcome(engine, handle.jobs["wf_value"])[0] == "cancelled"
+    refunds = [step for step, _ in writes(engine, saga) if step.startswith("refund")]
+    assert refunds == []  # a compensation is a job of its own: its rows are under its id
+    with engine.connect() as connection:
+        compensated = (
+            connection.execute(
+                select(StepWrite.step)
+                .where(StepWrite.step.like("refund:%"))
+                .order_by(StepWrite.job_id)
+            )
+            .scalars()
+            .all()
+        )
+    assert compensated == ["refund:ship", "refund:charge", "refund:reserve"]
+
+
+def test_a_keyed_durable_job_yields_its_key_while_it_sleeps(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    with SessionLocal.begin() as session:
+        sleeper = dj_sleepy.options(queue_id="acct-1").enqueue(session, 3600)
+        after = dj_steps.options(queue_id="acct-1").enqueue(session, 1)
+    drain(SessionLocal)
+    assert execution(engine, sleeper).state == "suspended"
+    assert outcome(engine, after) == ("succeeded", 0)
+    with SessionLocal.begin() as session:
+        queue.fire_timers(session, [sleeper])
+    drain(SessionLocal)
+    assert outcome(engine, sleeper) == ("succeeded", 1)
