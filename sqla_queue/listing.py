@@ -35,7 +35,7 @@ class JobRow:
     #: ``queued``, ``succeeded``, ``failed`` or ``cancelled`` (``jobs.status``).
     status: str
     #: The status once finished; else ``running``, ``cancelling``, ``waiting``,
-    #: ``scheduled`` or ``pending`` (see :attr:`sqla_queue.Job.state`).
+    #: ``scheduled``, ``pending`` or ``suspended`` (see :attr:`sqla_queue.Job.state`).
     state: str
     attempts: int
     max_attempts: int
@@ -49,6 +49,11 @@ class JobRow:
     finished_at: dt.datetime | None
     #: The last entry of the job's error history (``type``, ``message``, ...), if any.
     last_error: dict[str, Any] | None
+    #: A suspended durable job's wait: ``sleep``, ``signal:<name>``,
+    #: ``row:<condition>:<key>`` or ``version:<step>``; ``None`` for any other job.
+    waits_for: str | None = None
+    #: A suspended job's deadline; ``None`` when it waits without one (or is not suspended).
+    until: dt.datetime | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The row as JSON-ready values (times in ISO 8601)."""

@@ -12,7 +12,8 @@ What the numbers mean (the database clock decides every time window):
 * ``pending``: executions due now (``execute_at <= now()``), claimable unless the task is
   paused or at its limit; ``scheduled``: pending but due later (a delay, a retry's
   backoff); ``waiting``: queued behind an earlier job of their ``queue_id``;
-  ``running``: held by a worker.
+  ``running``: held by a worker; ``suspended``: durable jobs in a wait (a sleep, a
+  signal, a row, a step version), held by no worker until they wake.
 * ``oldest_due_seconds``: how long the oldest due execution has been due: a queue that
   keeps up shows a few seconds at most.
 * ``failed_last_day``: jobs of the task that failed (for good: retries exhausted or
@@ -111,6 +112,9 @@ class TaskStatus:
     finished_last_minute: int
     #: The same over the last hour.
     finished_last_hour: int
+    #: Durable jobs suspended in a wait (sleep, signal, row, step version): no worker
+    #: holds them, and none claims them before they wake.
+    suspended: int = 0
 
     def as_json(self) -> dict[str, Any]:
         """The fields as JSON-ready values (the names are the field names)."""
@@ -120,6 +124,7 @@ class TaskStatus:
             "scheduled": self.scheduled,
             "waiting": self.waiting,
             "running": self.running,
+            "suspended": self.suspended,
             "oldest_due_seconds": self.oldest_due_seconds,
             "limit": self.limit,
             "seats_in_use": self.seats_in_use,
@@ -201,6 +206,11 @@ class QueueStatus:
     def running(self) -> int:
         """Executions running now, over every task."""
         return sum(t.running for t in self.tasks)
+
+    @property
+    def suspended(self) -> int:
+        """Durable jobs suspended in a wait, over every task."""
+        return sum(t.suspended for t in self.tasks)
 
     @property
     def finished_last_minute(self) -> int:
@@ -318,6 +328,7 @@ def read_status(
                 failed_last_day=failed.get(name, 0),
                 finished_last_minute=int(done.finished_recent) if done is not None else 0,
                 finished_last_hour=int(done.finished_window) if done is not None else 0,
+                suspended=int(count.suspended) if count is not None else 0,
             )
         )
     workers = tuple(

@@ -78,6 +78,7 @@ _GROUPS = {
             "test_rate_limit_stress.py",
             "test_history_stress.py",
             "test_workflow_stress.py",
+            "test_durable_stress.py",
             "test_multihost.py",
             # tests/integration has a test_key_order.py of its own, in one process.
             "acceptance/test_key_order.py",

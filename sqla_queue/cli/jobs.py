@@ -4,6 +4,7 @@ commands on jobs (see :mod:`sqla_queue.listing` and :mod:`sqla_queue.admin`)."""
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -60,6 +61,7 @@ from sqla_queue.statements.lifecycle import CancelOutcome
 __all__ = [
     "add_job_parsers",
     "error_summary",
+    "format_until",
     "run_cancel",
     "run_failed",
     "run_jobs",
@@ -85,7 +87,11 @@ values. In a narrow terminal the last columns give way (--json has them all).
 
 states: queued (every job not finished yet), succeeded, failed, cancelled, and the
 states of a queued job: running, cancelling (running, asked to stop), waiting (behind
-its queue_id), scheduled (due later), pending (due now).
+its queue_id), scheduled (due later), pending (due now), suspended (a durable job in a
+wait). When suspended jobs are listed, two more columns say what each waits for (sleep,
+signal:NAME, row:CONDITION:KEY, version:STEP) and until when ("no deadline": until its
+signal, row or an operator; `sqla-queue signal` sends one). `sqla-queue job ID` shows
+one job with its committed steps.
 
 exit status:
   0  printed (also when no job matched)
@@ -94,7 +100,9 @@ exit status:
 CANCEL_HELP = f"""\
 Cancel jobs: a queued job becomes cancelled and never starts; a running one is asked
 to stop (its handler sees ctx.cancel_requested within a heartbeat interval) and ends
-cancelled when its handler returns, unless it succeeds. Prints each job's outcome:
+cancelled when its handler returns, unless it succeeds. A suspended durable job is
+cancelled at once; the compensations of its committed steps are enqueued by the next
+worker maintenance sweep. Prints each job's outcome:
 cancelled, requested, finished (already over: nothing changed) or not_found.
 
 exit status:
@@ -327,6 +335,18 @@ _JOB_COLUMNS = (
     Column("unique key", least=12, drop=2),
     Column("about", least=12, drop=1),
 )
+# With suspended jobs in the list: what each waits for, and until when, after the state.
+_WAIT_COLUMNS = (
+    *_JOB_COLUMNS[:3],
+    Column("waits for", least=16, cut="end", drop=6),
+    Column("until", drop=4),
+    *_JOB_COLUMNS[3:],
+)
+
+
+def format_until(until: dt.datetime | None) -> str:
+    """A suspended job's deadline for people: a UTC time, or ``no deadline``."""
+    return "no deadline" if until is None else format_time(until)
 
 
 def run_jobs(args: argparse.Namespace) -> int:
@@ -347,20 +367,30 @@ def run_jobs(args: argparse.Namespace) -> int:
     if args.json:
         print_json([row.as_json() for row in rows])
         return EXIT_OK
-    table: list[Sequence[Cell]] = [
-        (
-            str(row.id),
-            row.task,
-            row.state,
-            format_attempts(row.attempts, row.max_attempts),
-            format_time(row.created_at),
-            format_time(row.finished_at),
-            row.unique_key if row.unique_key is not None else "-",
-            f"{row.about_table}:{row.about_key}" if row.about_table is not None else "-",
+    waits = any(row.state == "suspended" for row in rows)
+    table: list[Sequence[Cell]] = []
+    for row in rows:
+        wait: tuple[Cell, ...] = ()
+        if waits:
+            suspended = row.state == "suspended"
+            wait = (
+                (row.waits_for or "-") if suspended else "-",
+                format_until(row.until) if suspended else "-",
+            )
+        table.append(
+            (
+                str(row.id),
+                row.task,
+                row.state,
+                *wait,
+                format_attempts(row.attempts, row.max_attempts),
+                format_time(row.created_at),
+                format_time(row.finished_at),
+                row.unique_key if row.unique_key is not None else "-",
+                f"{row.about_table}:{row.about_key}" if row.about_table is not None else "-",
+            )
         )
-        for row in rows
-    ]
-    print_table(_JOB_COLUMNS, table, empty="no jobs")
+    print_table(_WAIT_COLUMNS if waits else _JOB_COLUMNS, table, empty="no jobs")
     return EXIT_OK
 
 
@@ -368,7 +398,7 @@ def run_jobs(args: argparse.Namespace) -> int:
 
 #: How ``cancel`` shows each outcome: its word, then what it means.
 _CANCEL_WORDS = {
-    CancelOutcome.CANCELLED: "cancelled",
+    CancelOutcome.CANCELLED: "cancelled",  # queued, or suspended in a durable wait
     CancelOutcome.REQUESTED: "requested (it is running: asked to stop, it ends cancelled "
     "unless it succeeds)",
     CancelOutcome.FINISHED: "finished (already {status}: nothing to cancel)",

@@ -27,6 +27,7 @@ from sqla_queue._sqlstate import INSUFFICIENT_PRIVILEGE, sqlstate_of
 from sqla_queue.cli.controls import add_control_parsers, add_limits_parser
 from sqla_queue.cli.daemons import add_daemons_parser
 from sqla_queue.cli.dashboard import add_dashboard_parser
+from sqla_queue.cli.durable import add_durable_parsers
 from sqla_queue.cli.history import add_maintain_parser
 from sqla_queue.cli.jobs import add_job_parsers
 from sqla_queue.cli.loading import CliError, shown_url
@@ -46,6 +47,7 @@ COMMANDS: tuple[AddCommands, ...] = (
     add_worker_parsers,
     add_job_parsers,
     add_workflows_parser,
+    add_durable_parsers,
     add_limits_parser,
     add_status_parsers,
     add_maintain_parser,
@@ -68,8 +70,8 @@ exit status (every command; `sqla-queue COMMAND --help` gives each one's own):
   0  success
   1  the database could not be reached or refused the command
   2  a usage error, or a database the queue cannot run on as it is
-  3-7, 130  how the jobs of `result`, `cancel` and `requeue` ended (6 for `workflows`:
-            no workflow has the id)"""
+  3-7, 130  how the jobs of `result`, `cancel`, `requeue` and `signal` ended (6 for
+            `workflows`: no workflow has the id)"""
 
 
 def build_parser(extra: Iterable[AddCommands] = ()) -> argparse.ArgumentParser:

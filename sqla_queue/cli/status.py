@@ -49,6 +49,8 @@ tasks (one row per task the queue knows, or that has jobs, a limit or a pause):
   pending   due now, waiting for a worker    sched    due later (delay, retry backoff)
   waiting   behind an earlier job of its queue_id
   running   held by a worker                 oldest   how long the oldest due job waits
+  suspended durable jobs in a wait (sleep, signal, row, step version): no worker holds
+            them; `sqla-queue jobs --status suspended` lists what each waits for
   seats     capacity seats in use / the concurrency limit ("-": no limit)
   paused    yes: workers do not claim it (sqla-queue resume)
   fail/24h  jobs that failed for good in the last 24 hours (sqla-queue failed lists them)
@@ -64,9 +66,9 @@ than 32 characters may lose its middle). Printed to a pipe or a file, every colu
 one row per line, nothing cut; $COLUMNS sets a width there too. --json has everything."""
 
 STATUS_HELP = f"""\
-Show the queue at a glance: per task, the jobs pending, scheduled, waiting and running,
-the age of the oldest due job, concurrency limit and seats in use, pauses, recent
-failures and throughput; then the live workers. Reads only (a few small queries).
+Show the queue at a glance: per task, the jobs pending, scheduled, waiting, running and
+suspended, the age of the oldest due job, concurrency limit and seats in use, pauses,
+recent failures and throughput; then the live workers. Reads only (a few small queries).
 
 {_COLUMNS}
 
@@ -170,6 +172,8 @@ _TASK_COLUMNS = (
     Column("sched", right=True, drop=2),
     Column("waiting", right=True, drop=3),
     Column("running", right=True, drop=9),
+    # A durable job's wait: 0 on queues without durable jobs, so it goes early.
+    Column("suspended", right=True, drop=3),
     Column("oldest", right=True, drop=6),
     Column("seats", right=True, drop=4),
     Column("paused", drop=7),
@@ -197,6 +201,7 @@ def _task_row(task: TaskStatus, capped: bool) -> list[Cell]:
         str(task.scheduled),
         str(task.waiting),
         str(task.running),
+        (str(task.suspended), "magenta" if task.suspended else ""),
         format_age(task.oldest_due_seconds),
         _seats(task),
         ("yes", "bold yellow") if task.paused else "no",
@@ -236,6 +241,7 @@ def render_status(status: QueueStatus, *, title: str = "", width: int | None = N
         format_time(status.now),
         f"pending {status.pending}",
         f"running {status.running}",
+        *([f"suspended {status.suspended}"] if status.suspended else []),
         f"done/min {_at_least(status.finished_last_minute, status.capped)}",
         f"workers {len(status.workers)} ({busy}/{seats} busy)",
     ]

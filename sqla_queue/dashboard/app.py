@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sqla_queue.dashboard.config import AuthCallable, DashboardConfig
 from sqla_queue.dashboard.csrf import CsrfSigner
 from sqla_queue.dashboard.database import Database
+from sqla_queue.dashboard.durable_views import DurablePages
 from sqla_queue.dashboard.queue_protocol import DashboardQueue
 from sqla_queue.dashboard.views import Views
 from sqla_queue.dashboard.workflow_views import WorkflowPages
@@ -81,6 +82,7 @@ def build_app(
         templates=Jinja2Templates(env=env),
     )
     workflows = WorkflowPages(views)
+    durable = DurablePages(views)
     routes = [
         Route("/", views.overview, name="overview"),
         Route("/jobs", views.jobs, name="jobs"),
@@ -93,6 +95,7 @@ def build_app(
         Route("/workflows/{workflow_id}", workflows.workflow, name="workflow"),
         Route("/jobs/{job_id}/requeue", views.requeue, methods=["POST"], name="requeue"),
         Route("/jobs/{job_id}/cancel", views.cancel, methods=["POST"], name="cancel"),
+        Route("/jobs/{job_id}/signal", durable.signal, methods=["POST"], name="signal"),
         Route("/tasks/{task}/pause", views.pause, methods=["POST"], name="pause"),
         Route("/tasks/{task}/resume", views.resume, methods=["POST"], name="resume"),
         Route("/tasks/{task}/limit", views.set_limit, methods=["POST"], name="limit"),

@@ -69,6 +69,14 @@ class DashboardQueue(Protocol):
         id, or a coroutine of it for an async ``source``."""
         ...
 
+    def job_steps(self, session: Connection, job_id: int, /) -> Any:
+        """A durable job's committed steps, in commit order (``Queue.job_steps``)."""
+        ...
+
+    def signal(self, session: Connection, job_id: int, name: str, payload: Any = None, /) -> Any:
+        """Send signal ``name`` to a durable job (``Queue.signal``): a ``Signalled``."""
+        ...
+
     def pause(self, session: Connection, task: str, /) -> None:
         """Pause ``task`` for every worker (``Queue.pause``)."""
         ...

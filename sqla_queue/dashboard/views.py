@@ -58,6 +58,10 @@ NOTICES = {
     "resumed": "Task resumed: workers claim it again within their maintenance interval.",
     "limit-set": "Concurrency limit stored: it applies at the next claim.",
     "limit-unset": "Stored concurrency limit removed: the declared one (if any) applies.",
+    "signal-woke": "Signal sent: the job was waiting for it and runs again.",
+    "signal-stored": "Signal sent: the job reads it when it waits for it.",
+    "signal-repeated": "Nothing was sent: a signal of this name had been sent before.",
+    "signal-finished": "Signal stored, but the job had already finished: it never reads it.",
 }
 
 _ERROR_TITLES = {400: "Bad request", 404: "Not found"}
@@ -370,11 +374,17 @@ class Views:
         """One job: arguments, every attempt's error, result, links, live execution."""
         access = await self.access(request)
         job_id = params.job_id(request.path_params["job_id"])
-        queue = self.queue
-        job = await self.db.read(lambda connection: read_job(connection, queue.tables, job_id))
+        job = await self.db.read(lambda connection: self.read_job(connection, job_id))
         if job is None:
             raise RequestRefused(404, f"There is no job {job_id}.")
         return self._job_page(request, job, access)
+
+    def read_job(self, connection: Connection, job_id: int) -> dict[str, Any] | None:
+        """:func:`read_job`, plus ``steps``: the job's committed steps (durable jobs)."""
+        job = read_job(connection, self.queue.tables, job_id)
+        if job is None:
+            return None
+        return {**job, "steps": list(self.queue.job_steps(connection, job_id))}
 
     def _job_page(
         self,
@@ -396,8 +406,12 @@ class Views:
             "kwargs": _pretty(payload.get("kwargs", {})),
             "result": None if job["result"] is None else _pretty(job["result"]),
             "errors": list(reversed(job["errors"] or [])),
+            "steps": [(step, _pretty(step.result)) for step in job["steps"]],
             "can_requeue": job["status"] in ("failed", "cancelled"),
             "can_cancel": job["status"] == "queued",
+            # A durable job: suspended, or with steps (it may reach a wait later).
+            "can_signal": job["status"] == "queued"
+            and (job["state"] == "suspended" or bool(job["steps"])),
             "error": refused,
             "held_by": held_by,
         }
@@ -422,7 +436,7 @@ class Views:
         queue = self.queue
 
         def run(connection: Connection) -> tuple[dict[str, Any] | None, RequeueReport | None]:
-            job = read_job(connection, queue.tables, job_id)
+            job = self.read_job(connection, job_id)
             return job, None if job is None else queue.requeue(connection, [job_id])
 
         job, report = await self.db.write(run)

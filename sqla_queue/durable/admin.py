@@ -16,6 +16,7 @@ from sqla_queue.durable.statements import DurableStatements
 from sqla_queue.errors import JobNotFoundError
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements import durable_admin
+from sqla_queue.statements.durable import deadline_of
 
 __all__ = [
     "AdminStatements",
@@ -31,8 +32,6 @@ __all__ = [
     "step_versions_flow",
     "suspended_flow",
 ]
-
-_NO_DEADLINE_YEAR = 9999
 
 
 @dataclass(frozen=True)
@@ -136,7 +135,7 @@ def signal_flow(statements: DurableStatements, job_id: int, name: str, payload: 
 
 
 def _until(value: dt.datetime) -> dt.datetime | None:
-    return None if value.year >= _NO_DEADLINE_YEAR else value
+    return deadline_of(value)
 
 
 def suspended_flow(

@@ -21,7 +21,7 @@ from sqla_queue.conversation import Flow, Step
 from sqla_queue.durable.statements import DurableStatements
 from sqla_queue.errors import StepNotCommittedError
 from sqla_queue.models.tables import StepKind
-from sqla_queue.statements.durable import FenceParams
+from sqla_queue.statements.durable import FenceParams, deadline_of
 
 __all__ = [
     "DurableRun",
@@ -80,10 +80,6 @@ class JobSuspended(BaseException):
     def __init__(self, suspension: Suspension) -> None:
         super().__init__(f"suspended until {suspension.until}: waits for {suspension.waits_for}")
         self.suspension = suspension
-
-
-#: A far-future due time stands for "no deadline" (see FOREVER_SQL): read back as None.
-_NO_DEADLINE_YEAR = 9999
 
 
 def refusal_reason(row: Any | None, attempt: int, worker_id: uuid.UUID) -> str:
@@ -230,6 +226,8 @@ class DurableRun:
         it came or the wait's deadline (``timeout`` seconds after the wait first began)
         passed."""
         stored = self.stored(name)
+        if stored is not None and isinstance(stored.result, dict) and stored.result.get("met"):
+            return Satisfied(stored.result.get("value"))  # met in an earlier run
         if probe is None and stored is not None and stored.elapsed:
             return TimedOut(waits_for)  # a sleep that is over: nothing to lock
         locked = yield Step(self.statements.lock_execution, self.fence)
@@ -240,6 +238,17 @@ class DurableRun:
         if probe is not None and found is not None:
             satisfied = found((yield probe))
             if satisfied is not None:
+                met = {"met": True, "value": satisfied.value}
+                params = {
+                    **self.fence,
+                    "step": name,
+                    "step_kind": StepKind.WAIT,
+                    "step_version": 1,
+                    "step_result": json.dumps(met),
+                }
+                if not (yield Step(self.statements.record_met, params)):
+                    yield from self.refused(name)
+                self._remember(name, StepKind.WAIT, 1, met)
                 return satisfied
         if stored is None:
             params = {
@@ -259,7 +268,7 @@ class DurableRun:
         if not suspended:
             yield from self.refused(name)
         until = suspended[0].execute_at
-        return Suspension(waits_for, None if until.year >= _NO_DEADLINE_YEAR else until)
+        return Suspension(waits_for, deadline_of(until))
 
     def suspend_for(self, waits_for: str) -> Flow[Suspension]:
         """Suspend the job with no deadline until an operator wakes it (a step whose

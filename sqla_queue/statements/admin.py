@@ -28,6 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.sql.elements import ColumnElement
 
 from sqla_queue.models.tables import JobStatus, QueueTables
 from sqla_queue.statements._common import DONE, FAILED, QUEUED, seconds, state_literal
@@ -214,7 +215,7 @@ def prune_statement(tables: QueueTables) -> CompoundSelect[tuple[int]]:
     )
     # The other CTEs are not read; PostgreSQL runs them regardless, and the false branches
     # keep SQLAlchemy from dropping them.
-    never = literal_column("false")
+    never: ColumnElement[bool] = literal_column("false")
     return select(pruned.c.id).union_all(
         select(freed.c.job_id).where(never),
         select(steps_gone.c.job_id).where(never),

@@ -31,7 +31,7 @@ from sqlalchemy import union as sql_union
 from sqla_queue.checks import is_whole_number
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements._common import QUEUED, seconds
-from sqla_queue.statements.listing import job_listing_statement, job_state
+from sqla_queue.statements.listing import job_listing_statement, job_state, job_wait
 
 __all__ = ["job_detail_statement", "job_page_statement", "throughput_statement"]
 
@@ -84,16 +84,20 @@ def job_page_statement(
 
 
 def job_detail_statement(tables: QueueTables) -> Select[Any]:
-    """One job (parameter ``id``) with its state and its live execution's columns, if any;
-    both read by primary key."""
+    """One job (parameter ``id``) with its state, its live execution's columns, if any,
+    and, when it is a suspended durable job, what it waits for (``waits_for``) and until
+    when (``until``, ``NULL`` for no deadline); all read by primary key."""
     jobs = tables.jobs
     # An alias: job_state's subquery reads the executions table itself, and would
     # correlate to an unaliased one in this FROM.
     ex = tables.executions.alias("live")
+    waits_for, until = job_wait(tables)
     return (
         select(
             jobs,
             job_state(tables).label("state"),
+            waits_for.label("waits_for"),
+            until.label("until"),
             ex.c.state.label("execution_state"),
             ex.c.execute_at,
             ex.c.attempt.label("execution_attempt"),

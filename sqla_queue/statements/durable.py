@@ -18,6 +18,7 @@ row before it writes, so whichever of the two commits second sees the other's wo
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from typing import Any, TypedDict
 
@@ -49,6 +50,7 @@ from sqla_queue.statements._common import SUSPENDED, seconds, still_running
 
 __all__ = [
     "FOREVER_SQL",
+    "NO_DEADLINE_YEAR",
     "CheckpointParams",
     "CursorParams",
     "FenceParams",
@@ -56,16 +58,25 @@ __all__ = [
     "WaitParams",
     "advance_cursor_statement",
     "checkpoint_statement",
+    "deadline_of",
     "execution_state_statement",
     "lock_execution_statement",
+    "record_met_statement",
     "record_wait_statement",
     "steps_statement",
     "suspend_statement",
 ]
 
-#: The due time of a wait without a deadline: far enough never to come, and still a date
-#: that every driver can read (``infinity`` is not a Python ``datetime``).
-FOREVER_SQL = "timestamptz '9999-12-31 00:00:00+00'"
+#: The year of the due time of a wait without a deadline: far enough never to come, and
+#: still a date that every driver can read (``infinity`` is not a Python ``datetime``). A
+#: due time in that year reads back as "no deadline" (see :func:`deadline_of`).
+NO_DEADLINE_YEAR = 9999
+FOREVER_SQL = f"timestamptz '{NO_DEADLINE_YEAR}-12-31 00:00:00+00'"
+
+
+def deadline_of(due: dt.datetime) -> dt.datetime | None:
+    """A suspended execution's due time as its deadline: ``None`` for no deadline."""
+    return None if due.year >= NO_DEADLINE_YEAR else due
 
 
 class FenceParams(TypedDict):
@@ -234,6 +245,20 @@ def record_wait_statement(tables: QueueTables) -> ReturningInsert[Any]:
         .on_conflict_do_nothing(index_elements=[steps.c.job_id, steps.c.name])
         .returning(steps.c.job_id)
     )
+
+
+def record_met_statement(tables: QueueTables) -> ReturningInsert[Any]:
+    """Record that a wait was met, and with what (``step_result``: ``{"met": true,
+    "value": ...}``), so that a replay of the job goes on without asking again: a row
+    that met a condition may have changed since. Parameters: :class:`CheckpointParams`
+    (no compensation). Returns the job's id if it was written."""
+    steps = tables.job_steps
+    source = _fenced_source(tables, cast(bindparam("step_result", type_=Text), JSONB))
+    stmt = insert(steps).from_select(list(_INSERTED), source)
+    return stmt.on_conflict_do_update(
+        index_elements=[steps.c.job_id, steps.c.name],
+        set_={"result": stmt.excluded.result, "committed_at": func.now()},
+    ).returning(steps.c.job_id)
 
 
 def suspend_statement(tables: QueueTables) -> ReturningUpdate[Any]:

@@ -7,6 +7,7 @@ from typing import Any, TypedDict
 
 from sqlalchemy import (
     BigInteger,
+    DateTime,
     Integer,
     Select,
     Text,
@@ -14,6 +15,7 @@ from sqlalchemy import (
     cast,
     func,
     literal,
+    literal_column,
     null,
     select,
     update,
@@ -23,6 +25,7 @@ from sqlalchemy.sql.dml import ReturningUpdate
 
 from sqla_queue.models.tables import QueueTables, StepKind
 from sqla_queue.statements._common import PENDING, QUEUED, SUSPENDED
+from sqla_queue.statements.durable import FOREVER_SQL
 
 __all__ = [
     "MigrateStepsParams",
@@ -154,26 +157,41 @@ def wake_jobs_statement(tables: QueueTables) -> ReturningUpdate[Any]:
 
 
 def fire_statement(tables: QueueTables) -> ReturningUpdate[Any]:
-    """Bring the deadline of suspended jobs (``ids``; ``None``: all) to now, so that the
-    next wake sweep wakes them: a test's way to skip a sleep. Returns their ids."""
+    """Bring the deadline of suspended jobs (``ids``; ``None``: all) to now: a test's way
+    to end a sleep, or a wait's deadline, without waiting. Returns their ids.
+
+    Only a wait that has a deadline is fired (a wait for a signal, a row or an operator
+    without one is left waiting), and only the job's current wait: its wait steps whose
+    deadline is still ahead and that were not met.
+    """
     ex = tables.executions
     steps = tables.job_steps
     ids = cast(bindparam("ids", type_=ARRAY(BigInteger)), ARRAY(BigInteger))
-    return (
-        update(ex)
-        .where(ex.c.state == SUSPENDED, ids.is_(None) | (ex.c.id == func.any(ids)))
-        .values(execute_at=func.now())
-        .returning(ex.c.id)
-    ).add_cte(
+    fired = (
+        select(ex.c.id)
+        .where(
+            ex.c.state == SUSPENDED,
+            ex.c.execute_at < literal_column(FOREVER_SQL),
+            ids.is_(None) | (ex.c.id == func.any(ids)),
+        )
+        .cte("fired")
+    )
+    until = cast(steps.c.result["until"].astext, DateTime(timezone=True))
+    moved = (
         update(steps)
         .where(
-            steps.c.kind == "wait",
-            steps.c.job_id.in_(
-                select(ex.c.id).where(
-                    ex.c.state == SUSPENDED, ids.is_(None) | (ex.c.id == func.any(ids))
-                )
-            ),
+            steps.c.kind == StepKind.WAIT,
+            steps.c.job_id.in_(select(fired.c.id)),
+            until > func.now(),
+            steps.c.result["met"].astext.is_(None),
         )
-        .values(result=func.jsonb_build_object("until", func.now()))
+        .values(result=func.jsonb_build_object(literal_column("'until'"), func.now()))
         .cte("moved")
+    )
+    return (
+        update(ex)
+        .where(ex.c.id.in_(select(fired.c.id)))
+        .values(execute_at=func.now())
+        .returning(ex.c.id)
+        .add_cte(moved)
     )

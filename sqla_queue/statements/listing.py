@@ -20,6 +20,7 @@ from sqlalchemy import (
     bindparam,
     case,
     func,
+    literal_column,
     or_,
     select,
     union,
@@ -27,7 +28,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from sqla_queue.models.tables import JobStatus, QueueTables
-from sqla_queue.statements._common import PENDING, QUEUED, RUNNING, state_literal
+from sqla_queue.statements._common import PENDING, QUEUED, RUNNING, SUSPENDED, state_literal
+from sqla_queue.statements.durable import NO_DEADLINE_YEAR
 
 __all__ = [
     "JOB_STATES",
@@ -35,14 +37,19 @@ __all__ = [
     "JobListingParams",
     "job_listing_statement",
     "job_state",
+    "job_wait",
 ]
 
 #: What a job still queued shows as (:attr:`sqla_queue.Job.state`): running, running and
-#: asked to stop, behind its ``queue_id``, due later, due now.
-LIVE_STATES = ("running", "cancelling", "waiting", "scheduled", "pending")
+#: asked to stop, behind its ``queue_id``, due later, due now, or a durable job suspended
+#: in a wait (a sleep, a signal, a row, a step version).
+LIVE_STATES = ("running", "cancelling", "waiting", "scheduled", "pending", "suspended")
 #: Every word :func:`job_listing_statement` can filter on: the statuses (``queued`` is
 #: every live state), then the live states.
 JOB_STATES = (*JobStatus.ALL, *LIVE_STATES)
+
+
+# The year of FOREVER_SQL (sqla_queue.statements.durable): a due time in it is no deadline.
 
 
 class JobListingParams(TypedDict):
@@ -67,7 +74,8 @@ def job_state(tables: QueueTables) -> Any:
 
     The job's final status once it finished; else, from its execution: ``running``,
     ``cancelling`` (running, asked to stop), ``waiting`` (behind its ``queue_id``),
-    ``scheduled`` (due later) or ``pending`` (due now). An expression over ``jobs``: the
+    ``scheduled`` (due later), ``pending`` (due now) or ``suspended`` (a durable job in a
+    wait). An expression over ``jobs``: the
     execution is read by a subquery on its primary key, and only for a job still queued.
     """
     jobs = tables.jobs
@@ -98,6 +106,27 @@ def job_state(tables: QueueTables) -> Any:
     return case((jobs.c.status != QUEUED, jobs.c.status), else_=func.coalesce(live, QUEUED))
 
 
+def job_wait(tables: QueueTables) -> tuple[Any, Any]:
+    """What a suspended job waits for, and until when: two expressions over ``jobs``.
+
+    The first is the execution's ``wait`` (``sleep``, ``signal:<name>``,
+    ``row:<condition>:<key>``, ``version:<step>``), the second its deadline; both are
+    ``NULL`` for a job that is not suspended, and the deadline is ``NULL`` too for a wait
+    without one (stored as the far-future :data:`~sqla_queue.statements.durable.FOREVER_SQL`).
+    Each reads the execution by its primary key, and only for a job still queued.
+    """
+    jobs = tables.jobs
+    ex = tables.executions
+    suspended = (ex.c.id == jobs.c.id, ex.c.state == SUSPENDED)
+    waits_for = select(ex.c.wait).where(*suspended).scalar_subquery()
+    # The far-future year is "no deadline"; read in any session time zone, it stays 9999.
+    year = func.extract("year", ex.c.execute_at)
+    deadline = case((year < literal_column(str(NO_DEADLINE_YEAR)), ex.c.execute_at), else_=None)
+    until = select(deadline).where(*suspended).scalar_subquery()
+    queued = jobs.c.status == QUEUED
+    return case((queued, waits_for), else_=None), case((queued, until), else_=None)
+
+
 def job_listing_statement(
     tables: QueueTables,
     *,
@@ -120,11 +149,11 @@ def job_listing_statement(
     How it reads: the jobs table newest first through its primary key, or through
     ``about_ix`` (a linked row), ``unique_key_ix`` (a key) or ``failed_ix`` (failed jobs)
     when the planner finds them more selective; the executions table only by primary key,
-    one probe per queued job looked at (:func:`job_state`). A filter on live states alone
-    stops the walk at the oldest execution's id: no job older than that is still queued.
-    The jobs table has no index on ``status`` or ``queue_id`` (each would cost every
-    enqueue and completion): a rare final status, or a ``queue_id`` with few jobs, is
-    found by walking the jobs newest first until ``limit`` match.
+    a few probes per queued job looked at (:func:`job_state`, :func:`job_wait`). A filter
+    on live states alone stops the walk at the oldest execution's id: no job older than
+    that is still queued. The jobs table has no index on ``status`` or ``queue_id`` (each
+    would cost every enqueue and completion): a rare final status, or a ``queue_id`` with
+    few jobs, is found by walking the jobs newest first until ``limit`` match.
     """
     jobs = tables.jobs
     ex = tables.executions
@@ -132,6 +161,7 @@ def job_listing_statement(
     if unknown:
         raise ValueError(f"unknown job states {unknown}; use some of {', '.join(JOB_STATES)}")
     state = job_state(tables)
+    waits_for, until = job_wait(tables)
     limit = bindparam("limit", type_=BigInteger)
     statement = (
         select(
@@ -150,6 +180,8 @@ def job_listing_statement(
             jobs.c.scheduled_at,
             jobs.c.finished_at,
             jobs.c.errors[-1].label("last_error"),
+            waits_for.label("waits_for"),
+            until.label("until"),
         )
         .order_by(jobs.c.id.desc())
         .limit(limit)

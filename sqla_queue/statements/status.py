@@ -22,7 +22,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from sqla_queue.checks import INT8_MAX, check_in_range, is_number
 from sqla_queue.models.tables import QueueTables
-from sqla_queue.statements._common import FAILED, PENDING, RUNNING, WAITING, seconds
+from sqla_queue.statements._common import FAILED, PENDING, RUNNING, SUSPENDED, WAITING, seconds
 
 __all__ = [
     "ClockParams",
@@ -92,8 +92,8 @@ def clock_statement() -> Select[Any]:
 
 
 def execution_counts_statement(tables: QueueTables) -> Select[Any]:
-    """Per task: ``pending`` (due), ``scheduled``, ``waiting``, ``running``, ``seats`` and
-    ``oldest_due_seconds``. No parameters.
+    """Per task: ``pending`` (due), ``scheduled``, ``waiting``, ``running``, ``suspended``,
+    ``seats`` and ``oldest_due_seconds``. No parameters.
 
     One pass over the live executions, grouped by task: a table of live jobs only, whose
     size is the backlog, never the history. ``seats`` counts every execution holding a
@@ -110,6 +110,7 @@ def execution_counts_statement(tables: QueueTables) -> Select[Any]:
             func.count().filter(pending & (ex.c.execute_at > now)).label("scheduled"),
             func.count().filter(ex.c.state == WAITING).label("waiting"),
             func.count().filter(ex.c.state == RUNNING).label("running"),
+            func.count().filter(ex.c.state == SUSPENDED).label("suspended"),
             func.count().filter(ex.c.slot.is_not(None)).label("seats"),
             func.extract("epoch", now - func.min(ex.c.execute_at).filter(due)).label(
                 "oldest_due_seconds"

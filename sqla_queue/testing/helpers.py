@@ -4,7 +4,10 @@
   back from the jobs table, in the order it ran (a workflow's nodes with their names);
 * :func:`assert_enqueued` checks that a block of code enqueued the jobs it should have;
 * :func:`eager` runs the due jobs right after each commit of a session factory's sessions,
-  for unit tests that want "enqueue" to mean "run now".
+  for unit tests that want "enqueue" to mean "run now";
+* :func:`fire_timers` and :func:`signal` move a suspended durable job on without waiting:
+  its sleep ends now, or its signal arrives (``drain(..., fire_timers=True)`` fires the
+  timers itself, until no job is left asleep).
 
 They work with any database that holds the queue's tables; the pytest plugin
 (:mod:`sqla_queue.testing.pytest_plugin`) adds fixtures that provide one per test.
@@ -13,10 +16,11 @@ They work with any database that holds the queue's tables; the pytest plugin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Engine, and_, event, exists, func, or_, select
 from sqlalchemy.engine import Connection
@@ -29,6 +33,7 @@ from sqla_queue.testing.enqueued import EnqueuedJob, EnqueuedJobs, assert_enqueu
 from sqla_queue.testing.run_order import RunOrder
 
 if TYPE_CHECKING:
+    from sqla_queue.durable import Signalled, SuspendedJob
     from sqla_queue.queue import Queue
     from sqla_queue.worker.base import RunStats
     from sqla_queue.workflows.results import WorkflowHandle
@@ -42,7 +47,13 @@ __all__ = [
     "assert_enqueued",
     "drain",
     "eager",
+    "fire_timers",
+    "signal",
 ]
+
+#: How many times ``drain(fire_timers=True)`` fires the timers before it gives up: a
+#: handler that sleeps in an endless loop would otherwise drain for ever.
+MAX_TIMER_ROUNDS = 100
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,9 @@ class DrainResult:
 
     jobs: tuple[RanJob, ...]
     stats: RunStats
+    #: The durable jobs left suspended after the drain, soonest due first: what each
+    #: waits for (``sleep``, ``signal:<name>``, ...), and until when.
+    suspended: tuple[SuspendedJob, ...] = ()
 
     @property
     def ids(self) -> list[int]:
@@ -232,6 +246,7 @@ def drain(
     session_factory: sessionmaker[Session],
     *,
     tasks: Sequence[str] | None = None,
+    fire_timers: bool = False,
     **settings: Any,
 ) -> DrainResult:
     """Run every job that is due now, in this process, and return what ran.
@@ -253,6 +268,11 @@ def drain(
             handlers' sessions are bound to those. Jobs the connection has not committed
             are not seen: commit before draining.
         tasks: only run these tasks (default: every registered task).
+        fire_timers: drive durable jobs through their waits with a deadline: once
+            nothing is due, end every such wait now (a sleep ends, a wait with a
+            ``timeout`` times out) and run again, until no suspended job has a deadline.
+            Jobs that wait without one (a signal, a row, an operator) stay suspended:
+            send the signal (:func:`signal`) and drain again.
         settings: other :class:`~sqla_queue.WorkerSettings`. The defaults here differ from
             a production worker's: ``concurrency=1`` (jobs run one after another, in
             claim order), ``listen=False`` and ``install_signal_handlers=False``.
@@ -260,7 +280,8 @@ def drain(
     Returns:
         The jobs that ran, in the order their last attempt of the drain ended (as the
         worker reported them), with their status afterwards and, for a workflow's node,
-        its workflow and node name; and the worker's :class:`~sqla_queue.RunStats`. Call
+        its workflow and node name; the worker's :class:`~sqla_queue.RunStats` (summed
+        over the runs with ``fire_timers``); and the durable jobs left suspended. Call
         :meth:`DrainResult.raise_failures` to fail a test on any failed attempt.
     """
     engine = _engine_of(session_factory)
@@ -279,10 +300,81 @@ def drain(
     options["observers"] = (*check_observers(options.get("observers", ())), order)
     with engine.connect() as connection:
         before = _snapshot(queue, connection)
-    stats = queue.worker(_worker_factory(session_factory), **options).run(burst=True)
+    factory = _worker_factory(session_factory)
+    stats = queue.worker(factory, **options).run(burst=True)
+    rounds = 0
+    while fire_timers and (timed := _timed_jobs(queue, engine)):
+        rounds += 1
+        if rounds > MAX_TIMER_ROUNDS:
+            raise AssertionError(
+                f"drain(fire_timers=True): jobs {timed} were still asleep after "
+                f"{MAX_TIMER_ROUNDS} rounds of fired timers; does a handler sleep in an "
+                "endless loop?"
+            )
+        with engine.begin() as connection:
+            queue.fire_timers(connection, timed)
+        stats = _added(stats, queue.worker(factory, **options).run(burst=True))
     with engine.connect() as connection:
         ran = _ran_since(queue, connection, before)
-    return DrainResult(tuple(order.sort(ran)), stats)
+        suspended = _suspended(queue, connection)
+    return DrainResult(tuple(order.sort(ran)), stats, tuple(suspended))
+
+
+def _suspended(queue: Queue, connection: Connection) -> list[SuspendedJob]:
+    return cast("list[SuspendedJob]", queue.suspended_jobs(connection, limit=_SUSPENDED_SHOWN))
+
+
+#: The most suspended jobs a drain reports (a test holds few).
+_SUSPENDED_SHOWN = 1000
+
+
+def _timed_jobs(queue: Queue, engine: Engine) -> list[int]:
+    """The suspended jobs with a due time: asleep, or waiting with a deadline. A wait
+    without one (a signal, a row, an operator) has no timer to fire."""
+    with engine.connect() as connection:
+        return [job.id for job in _suspended(queue, connection) if job.until is not None]
+
+
+def _added(first: RunStats, second: RunStats) -> RunStats:
+    """The counts of two runs, field by field."""
+    sums = {
+        f.name: getattr(first, f.name) + getattr(second, f.name) for f in dataclasses.fields(first)
+    }
+    return type(first)(**sums)
+
+
+def fire_timers(
+    queue: Queue, session_factory: sessionmaker[Session], job_ids: Sequence[int] | None = None
+) -> list[int]:
+    """End the sleeps and wait deadlines of suspended durable jobs now, and commit.
+
+    :meth:`Queue.fire_timers <sqla_queue.Queue.fire_timers>` in a transaction of its own,
+    on a session of ``session_factory`` (so eager mode runs the woken jobs at its commit).
+    A sleeping job is due at once; a wait with a deadline times out when the job runs
+    (:class:`~sqla_queue.errors.SignalTimeoutError`). ``job_ids``: only these jobs
+    (``None``: every suspended job). Returns the ids of the jobs it woke; run them with
+    :func:`drain`.
+    """
+    ids = None if job_ids is None else list(job_ids)
+    with session_factory.begin() as session:
+        return cast("list[int]", queue.fire_timers(session, ids))
+
+
+def signal(
+    queue: Queue,
+    session_factory: sessionmaker[Session],
+    job_id: int,
+    name: str,
+    payload: Any = None,
+) -> Signalled:
+    """Send signal ``name`` with ``payload`` to job ``job_id``, and commit.
+
+    :meth:`Queue.signal <sqla_queue.Queue.signal>` in a transaction of its own, on a
+    session of ``session_factory`` (so eager mode runs the woken job at its commit). The
+    job, if it waits for the signal, is due at once: run it with :func:`drain`.
+    """
+    with session_factory.begin() as session:
+        return cast("Signalled", queue.signal(session, job_id, name, payload))
 
 
 # -- assert_enqueued --------------------------------------------------------------------------

@@ -24,7 +24,10 @@ Fixtures (see each one's docstring):
 * ``sqla_queue_eager``: run the due jobs after every commit, for this test only
   (:func:`~sqla_queue.testing.helpers.eager`);
 * ``sqla_queue_assert_enqueued``: :func:`~sqla_queue.testing.helpers.assert_enqueued`
-  with the queue filled in.
+  with the queue filled in;
+* ``sqla_queue_fire_timers`` and ``sqla_queue_signal``: end a suspended durable job's
+  sleep now, or send it a signal, committed
+  (:func:`~sqla_queue.testing.helpers.fire_timers`, :func:`~sqla_queue.testing.helpers.signal`).
 
 The server comes from :func:`~sqla_queue.testing.databases.resolve_test_admin_url`:
 ``$SQLA_QUEUE_TEST_URL``, else PostgreSQL on 127.0.0.1:5432, else an embedded server.
@@ -36,7 +39,7 @@ import contextlib
 import functools
 import itertools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
     from sqlalchemy.orm import Session, sessionmaker
 
+    from sqla_queue.durable import Signalled
     from sqla_queue.queue import Queue
     from sqla_queue.testing.databases import DatabaseFactory
     from sqla_queue.testing.helpers import DrainResult, Eager, EnqueuedJobs
@@ -62,8 +66,10 @@ __all__ = [
     "sqla_queue_drain",
     "sqla_queue_eager",
     "sqla_queue_engine",
+    "sqla_queue_fire_timers",
     "sqla_queue_session_factory",
     "sqla_queue_setup_database",
+    "sqla_queue_signal",
     "sqla_queue_templates",
 ]
 
@@ -264,7 +270,8 @@ def sqla_queue_drain(
     """Run every due job inline: ``result = sqla_queue_drain()``.
 
     :func:`~sqla_queue.testing.helpers.drain` on the app's queue and this test's session
-    factory; keyword arguments go to it (``tasks=[...]``, worker settings).
+    factory; keyword arguments go to it (``tasks=[...]``, ``fire_timers=True`` to run
+    durable jobs through their sleeps, worker settings).
     """
     from sqla_queue.testing.helpers import drain
 
@@ -305,3 +312,39 @@ def sqla_queue_assert_enqueued(
         return assert_enqueued(sqla_queue_app, session, **expected)
 
     return check
+
+
+@pytest.fixture
+def sqla_queue_fire_timers(
+    sqla_queue_app: Queue, sqla_queue_session_factory: sessionmaker[Session]
+) -> Callable[..., list[int]]:
+    """End suspended durable jobs' sleeps and wait deadlines now, committed:
+    ``sqla_queue_fire_timers()`` (every suspended job) or ``sqla_queue_fire_timers([job_id])``.
+
+    :func:`~sqla_queue.testing.helpers.fire_timers` on the app's queue and this test's
+    session factory; returns the woken jobs' ids. ``sqla_queue_drain()`` then runs them.
+    """
+    from sqla_queue.testing.helpers import fire_timers
+
+    def fire(job_ids: Sequence[int] | None = None) -> list[int]:
+        return fire_timers(sqla_queue_app, sqla_queue_session_factory, job_ids)
+
+    return fire
+
+
+@pytest.fixture
+def sqla_queue_signal(
+    sqla_queue_app: Queue, sqla_queue_session_factory: sessionmaker[Session]
+) -> Callable[..., Signalled]:
+    """Send a durable job a signal, committed: ``sqla_queue_signal(job_id, "approved",
+    {"by": "ada"})``.
+
+    :func:`~sqla_queue.testing.helpers.signal` on the app's queue and this test's session
+    factory; returns what :meth:`Queue.signal <sqla_queue.Queue.signal>` did.
+    """
+    from sqla_queue.testing.helpers import signal
+
+    def send(job_id: int, name: str, payload: Any = None) -> Signalled:
+        return signal(sqla_queue_app, sqla_queue_session_factory, job_id, name, payload)
+
+    return send

@@ -25,9 +25,10 @@ __all__ = ["describe", "observer_of", "plain_failure", "suspended_outcome"]
 log = logging.getLogger("sqla_queue.worker")
 
 
-def suspended_outcome(job: ClaimedJob) -> Outcome:
-    """The handler's durable wait suspended ``job`` (committed already): the worker only
-    forgets it, as it forgets a job whose transactional completion committed."""
+def suspended_outcome(job: ClaimedJob, until: dt.datetime | None) -> Outcome:
+    """The handler's durable wait suspended ``job`` (committed already) until ``until``
+    (``None``: no deadline): the worker only forgets it, as it forgets a job whose
+    transactional completion committed, and comes back to wake it when it is due."""
     if log.isEnabledFor(logging.DEBUG):
         log.debug(
             "job %s (%s) attempt %s suspended",
@@ -36,7 +37,7 @@ def suspended_outcome(job: ClaimedJob) -> Outcome:
             job.attempt,
             extra=job_log_fields(job),
         )
-    return Outcome(job.id, job.attempt, OutcomeKind.SUSPENDED)
+    return Outcome(job.id, job.attempt, OutcomeKind.SUSPENDED, execute_at=until)
 
 
 def plain_failure(

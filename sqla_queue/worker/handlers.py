@@ -175,8 +175,9 @@ class HandlerRunner:
             try:
                 if not held_back:
                     value = running.runtime.handler(*self.call_arguments(running), **running.kwargs)
-            except JobSuspended:
-                outcome, applied = suspended_outcome(running.job), True
+            except JobSuspended as suspended:
+                until = suspended.suspension.until
+                outcome, applied = suspended_outcome(running.job, until), True
             except BaseException as exc:  # SystemExit too: recorded, then a graceful stop
                 raised = exc
                 outcome = self.outcome_of_error(running, exc)
@@ -242,8 +243,9 @@ class HandlerRunner:
                 outcome = self.outcome_of_error(running, exc)
             except GeneratorExit:
                 raise  # not the handler's failure: see below
-            except JobSuspended:
-                outcome, applied = suspended_outcome(running.job), True
+            except JobSuspended as suspended:
+                until = suspended.suspension.until
+                outcome, applied = suspended_outcome(running.job, until), True
             except BaseException as exc:
                 raised = exc
                 outcome = self.outcome_of_error(running, exc)

@@ -390,12 +390,12 @@ def test_status_in_a_pipe_shows_everything_one_row_per_line(
     lines = out.splitlines()
     header = next(line for line in lines if line.startswith("task "))
     assert header.split() == [
-        "task", "pending", "sched", "waiting", "running", "oldest", "seats", "paused",
-        "fail/24h", "done/1m", "done/1h",
+        "task", "pending", "sched", "waiting", "running", "suspended", "oldest", "seats",
+        "paused", "fail/24h", "done/1m", "done/1h",
     ]  # fmt: skip
     rows = {line.split()[0]: line.split() for line in lines if line.startswith(LONG_TASKS)}
     assert set(rows) == set(LONG_TASKS)  # whole names, one row each
-    assert all(cells[7] == "yes" for cells in rows.values())
+    assert all(cells[8] == "yes" for cells in rows.values())
     worker = next(line for line in lines if "ip-10-0-12-34" in line)
     assert worker.endswith(", ".join(LONG_TASKS))
     assert not any("hidden" in line for line in lines)

@@ -393,3 +393,53 @@ def test_a_keyed_durable_job_yields_its_key_while_it_sleeps(
         queue.fire_timers(session, [sleeper])
     drain(SessionLocal)
     assert outcome(engine, sleeper) == ("succeeded", 1)
+
+
+def test_a_running_worker_wakes_a_sleep_when_it_ends(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    import threading
+
+    worker = queue.worker(SessionLocal, concurrency=2, reclaim_interval=5.0)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        with SessionLocal.begin() as session:
+            job = dj_sleepy.enqueue(session, 0.5)
+        began = time.monotonic()
+        assert queue.result(engine, job, timeout=10) == 1
+        # Woken at its due time, not at the next maintenance five seconds on.
+        assert time.monotonic() - began < 3.0
+    finally:
+        worker.stop()
+        thread.join(10)
+
+
+def test_a_met_condition_stays_met_after_its_row_changed(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    from tests.support.durable_app import dj_until_then_sleep
+
+    with SessionLocal.begin() as session:
+        session.add(Shipment(id=9, status="shipped"))
+        job = dj_until_then_sleep.enqueue(session, 9)
+    drain(SessionLocal)
+    assert execution(engine, job).wait == "sleep"
+    with SessionLocal.begin() as session:
+        assert queue.fire_timers(session, [job]) == [job]
+    drain(SessionLocal)
+    assert outcome(engine, job) == ("succeeded", "done")
+
+
+def test_fire_timers_leaves_waits_without_a_deadline_waiting(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    with SessionLocal.begin() as session:
+        waiter = dj_signal.enqueue(session)  # no timeout
+        sleeper = dj_sleepy.enqueue(session, 3600)
+    drain(SessionLocal)
+    with SessionLocal.begin() as session:
+        assert queue.fire_timers(session) == [sleeper]
+    drain(SessionLocal)
+    assert outcome(engine, sleeper) == ("succeeded", 1)
+    assert execution(engine, waiter).wait == "signal:approved"

@@ -385,9 +385,9 @@ def test_top_once_draws_one_frame(
     assert screen.count("tasks") >= 1 and "workers" in screen
     # Cells are two spaces or more apart (one space may sit inside a cell: "3 min 5 s").
     rows = {cells[0]: cells for cells in (re.split(r" {2,}", line) for line in screen.splitlines())}
-    assert rows["noop"][1:5] == ["3", "2", "1", "1"]
-    assert rows["limited2"][6:8] == ["1/2", "no"]
-    assert rows["boom"][7:9] == ["yes", "2"]
+    assert rows["noop"][1:6] == ["3", "2", "1", "1", "0"]  # pending .. running, suspended
+    assert rows["limited2"][7:9] == ["1/2", "no"]
+    assert rows["boom"][8:10] == ["yes", "2"]
     assert "pending 4  running 2" in screen
 
 

@@ -69,7 +69,7 @@ async def dj_async_steps(ctx: JobContext[AsyncSession], count: int) -> int:
                 ctx.session.add(StepWrite(job_id=ctx.job_id, step=f"s{i}", value=str(i)))
                 step.result = i
         total += step.result
-    total += await ctx.run_step("last", _async_value, 100)
+    total += int(await ctx.run_step("last", _async_value, 100))
     return total
 
 
@@ -125,14 +125,17 @@ def dj_refund(ctx: JobContext[Session], charge: Any) -> None:
 def dj_saga(ctx: JobContext[Session], fail: bool, wait: bool = False) -> str:
     """Three compensated steps, then a failure (or a wait for a signal that never comes)."""
     for name in ("reserve", "charge", "ship"):
-        ctx.run_step(
-            name, lambda n=name: _write(ctx.session, ctx.job_id, n) or n, compensate=dj_refund
-        )
+        ctx.run_step(name, _saga_step, ctx, name, compensate=dj_refund)
     if wait:
         ctx.wait_for_signal("never")
     if fail:
         raise RuntimeError("saga failed")
     return "done"
+
+
+def _saga_step(ctx: JobContext[Session], name: str) -> str:
+    _write(ctx.session, ctx.job_id, name)
+    return name
 
 
 @queue.task(name="dj_import", pass_context=True, max_attempts=3, retry=QUICK_RETRY)
@@ -161,3 +164,19 @@ def dj_versioned(ctx: JobContext[Session], version: int) -> Any:
             step.result = {"by": version}
     ctx.wait_for_signal("go")
     return step.result
+
+
+@queue.task(name="dj_until_then_sleep", pass_context=True)
+def dj_until_then_sleep(ctx: JobContext[Session], shipment_id: int) -> str:
+    """Wait until shipped, mark the shipment delivered (the condition no longer holds),
+    then sleep: the replay after the sleep must not wait for the condition again."""
+    ctx.wait_until(shipped, shipment_id)
+
+    def deliver() -> None:
+        shipment = ctx.session.get(Shipment, shipment_id)
+        assert shipment is not None
+        shipment.status = "delivered"
+
+    ctx.run_step("deliver", deliver)
+    ctx.sleep(3600)
+    return "done"

@@ -143,7 +143,7 @@ NOW = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 def sample(*, capped: bool = False) -> QueueStatus:
     tasks = (
         TaskStatus("emails", 12, 3, 0, 2, 95.5, 4, 2, False, 1, 30, 1800),
-        TaskStatus("reports", 0, 0, 1, 0, None, None, 0, True, 0, 0, 7),
+        TaskStatus("reports", 0, 0, 1, 0, None, None, 0, True, 0, 0, 7, suspended=3),
     )
     workers = (
         WorkerStatus(
@@ -171,6 +171,7 @@ def test_json_shapes() -> None:
         "scheduled": 3,
         "waiting": 0,
         "running": 2,
+        "suspended": 0,
         "oldest_due_seconds": 95.5,
         "limit": 4,
         "seats_in_use": 2,
@@ -201,6 +202,7 @@ def test_json_shapes() -> None:
 def test_totals_and_lookup() -> None:
     s = sample()
     assert (s.pending, s.running, s.finished_last_minute, s.finished_last_hour) == (12, 2, 30, 1807)
+    assert s.suspended == 3
     assert s.task("reports").paused
     with pytest.raises(KeyError):
         s.task("nope")
@@ -243,11 +245,13 @@ def cells(text: str, first: str) -> list[str]:
 def test_render_status_shows_every_column() -> None:
     text = screen(render_status(sample(), title="app:queue"))
     assert text.splitlines()[0].startswith("app:queue  2025-01-02")
-    assert "pending 12  running 2  done/min 30  workers 1 (2/8 busy)" in text
+    assert "pending 12  running 2  suspended 3  done/min 30  workers 1 (2/8 busy)" in text
     assert cells(text, "emails") == [
-        "emails", "12", "3", "0", "2", "1 min 35 s", "2/4", "no", "1", "30", "1800"
+        "emails", "12", "3", "0", "2", "0", "1 min 35 s", "2/4", "no", "1", "30", "1800"
     ]  # fmt: skip
-    assert cells(text, "reports") == ["reports", "0", "0", "1", "0", "-", "-", "yes", "0", "0", "7"]
+    assert cells(text, "reports") == [
+        "reports", "0", "0", "1", "0", "3", "-", "-", "yes", "0", "0", "7"
+    ]  # fmt: skip
     worker = cells(text, "00000000")
     assert worker[1:3] == ["web-1", "4242"]
     assert worker[4:] == ["2 s ago", "2/8", "1234", "emails, reports"]

@@ -446,6 +446,8 @@ class Decider:
             self.rates.clear_empty()
             if running.job.queue_id is not None and applied:
                 self.keys.add(running.job.queue_id)
+            if outcome.kind is OutcomeKind.SUSPENDED and outcome.execute_at is not None:
+                self.maintenance.wake_at(outcome.execute_at)
         self.completed([outcome], [running.job.id] if applied else [])
         self.pacer.pull()
         self._wake()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -182,6 +183,12 @@ class Maintenance:
                 self.next_at = time.monotonic()  # more are due: sweep again at once
         if row.next_in is not None:
             self.next_at = min(self.next_at, time.monotonic() + max(float(row.next_in), 0.0))
+
+    def wake_at(self, due: dt.datetime) -> None:
+        """A job this worker ran was suspended until ``due`` (the database's clock): run
+        the wake sweep then, if that is before the next maintenance. Any thread may call."""
+        seconds = (due - dt.datetime.now(dt.UTC)).total_seconds()
+        self.next_at = min(self.next_at, time.monotonic() + max(seconds, 0.0))
 
     def cleaned_up(self, rows: Sequence[Any]) -> None:
         """Parked executions were deleted: their keys get a promotion in the next unit."""
