@@ -8,21 +8,17 @@ import json
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue.cli.main import main
 from sqla_queue.cli.scaffold import EXIT_FINISHED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
-from tests.support.durable_app import dj_signal, dj_sleepy, dj_steps, dj_versioned, queue
+from tests.support.durable_app import dj_versioned, queue
+from tests.support.durable_checks import drain, outcome, suspend_three
 
 pytestmark = pytest.mark.integration
 TARGET = "tests.support.durable_app:queue"
 JOBS = queue.tables.jobs
-
-
-def drain(factory: sessionmaker[Session]) -> None:
-    """Run a sync worker until nothing is claimable (suspended jobs are not waited for)."""
-    queue.worker(factory, concurrency=2).run(burst=True)
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -42,25 +38,10 @@ def run_json(
     return json.loads(out)
 
 
-def status_of(engine: Engine, job_id: int) -> tuple[str, Any]:
-    with engine.connect() as connection:
-        row = connection.execute(
-            select(JOBS.c.status, JOBS.c.result).where(JOBS.c.id == job_id)
-        ).one()
-    return row.status, row.result
-
-
 @pytest.fixture
 def waiting(SessionLocal: sessionmaker[Session]) -> dict[str, int]:
     """Three jobs after a burst: one waits for a signal, one sleeps an hour, one succeeded."""
-    with SessionLocal.begin() as session:
-        ids = {
-            "signal": dj_signal.enqueue(session),
-            "sleepy": dj_sleepy.enqueue(session, 3600),
-            "steps": dj_steps.enqueue(session, 2),
-        }
-    drain(SessionLocal)
-    return ids
+    return suspend_three(SessionLocal)
 
 
 def test_status_counts_suspended_jobs(
@@ -174,7 +155,7 @@ def test_signal_wakes_the_job_and_says_what_happened(
     assert status == EXIT_FINISHED
     assert json.loads(out)["outcome"] == "not_stored"
     drain(SessionLocal)
-    assert status_of(engine, waiting["signal"]) == ("succeeded", {"by": "ops"})
+    assert outcome(engine, waiting["signal"]) == ("succeeded", {"by": "ops"})
     # To a finished job: stored, never read (7); to no job (6); bad input: usage (2).
     status, out, _ = run(capsys, *signal, job, "late", "--json")
     assert status == EXIT_FINISHED and json.loads(out)["outcome"] == "finished"
@@ -195,7 +176,7 @@ def test_cancel_ends_a_suspended_job_at_once(
     job = str(waiting["sleepy"])
     status, out, _ = run(capsys, "cancel", TARGET, "--url", db_url, job)
     assert (status, out) == (EXIT_OK, f"job {job}: cancelled\n")
-    assert status_of(engine, waiting["sleepy"])[0] == "cancelled"
+    assert outcome(engine, waiting["sleepy"])[0] == "cancelled"
     (left,) = run_json(capsys, db_url, "jobs", after=("--status", "suspended"))
     assert left["id"] == waiting["signal"]
     shown = run_json(capsys, db_url, "job", after=(job,))
@@ -241,6 +222,6 @@ def test_durable_versions_and_migrate(
     status, _, _ = run(capsys, *migrate, "--step", "reserve", "--from", "0", "--to", "2")
     assert status == EXIT_USAGE
     drain(SessionLocal)
-    assert status_of(engine, job) == ("succeeded", {"by": 1})
+    assert outcome(engine, job) == ("succeeded", {"by": 1})
     status, out, _ = run(capsys, "durable", "versions", TARGET, "--url", db_url)
     assert out.strip() == "no stored steps of queued jobs"

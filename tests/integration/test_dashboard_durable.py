@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 pytest.importorskip("starlette", reason="the dashboard extra is not installed")
@@ -24,7 +24,8 @@ with warnings.catch_warnings():
 
 from sqla_queue.dashboard.durable_views import signal_payload
 from sqla_queue.dashboard.params import RequestRefused
-from tests.support.durable_app import dj_signal, dj_sleepy, dj_steps, queue
+from tests.support.durable_app import queue
+from tests.support.durable_checks import drain, outcome, suspend_three
 
 pytestmark = pytest.mark.integration
 
@@ -32,31 +33,11 @@ TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
 JOBS = queue.tables.jobs
 
 
-def drain(factory: sessionmaker[Session]) -> None:
-    """Run a sync worker until nothing is claimable (suspended jobs are not waited for)."""
-    queue.worker(factory, concurrency=2).run(burst=True)
-
-
-def outcome(engine: Engine, job_id: int) -> tuple[str, Any]:
-    with engine.connect() as connection:
-        row = connection.execute(
-            select(JOBS.c.status, JOBS.c.result).where(JOBS.c.id == job_id)
-        ).one()
-    return row.status, row.result
-
-
 @pytest.fixture
 def waiting(SessionLocal: sessionmaker[Session]) -> dict[str, int]:
     """After a burst: one job waits for signal ``approved``, one sleeps an hour, one
     succeeded with two steps."""
-    with SessionLocal.begin() as session:
-        ids = {
-            "signal": dj_signal.enqueue(session),
-            "sleepy": dj_sleepy.enqueue(session, 3600),
-            "steps": dj_steps.enqueue(session, 2),
-        }
-    drain(SessionLocal)
-    return ids
+    return suspend_three(SessionLocal)
 
 
 @pytest.fixture

@@ -27,17 +27,14 @@ from tests.support.durable_app import (
     dj_until,
     dj_versioned,
     queue,
+    shipped,
 )
+from tests.support.durable_checks import drain, outcome
 
 pytestmark = pytest.mark.integration
 
 JOBS = queue.tables.jobs
 EXECUTIONS = queue.tables.executions
-
-
-def drain(factory: sessionmaker[Session], **settings: Any) -> None:
-    """Run a sync worker until nothing is claimable."""
-    queue.worker(factory, concurrency=2, **settings).run(burst=True)
 
 
 def drain_retries(engine: Engine, factory: sessionmaker[Session], job_id: int) -> None:
@@ -49,14 +46,6 @@ def drain_retries(engine: Engine, factory: sessionmaker[Session], job_id: int) -
         if state is None or state.state != "pending" or time.monotonic() > deadline:
             return
         time.sleep(0.1)
-
-
-def outcome(engine: Engine, job_id: int) -> tuple[str, Any]:
-    with engine.connect() as connection:
-        row = connection.execute(
-            select(JOBS.c.status, JOBS.c.result).where(JOBS.c.id == job_id)
-        ).one()
-    return row.status, row.result
 
 
 def execution(engine: Engine, job_id: int) -> Any:
@@ -194,7 +183,6 @@ def test_a_flush_that_makes_the_condition_true_wakes_the_job(
 def test_a_core_update_wakes_through_the_condition(
     engine: Engine, SessionLocal: sessionmaker[Session]
 ) -> None:
-    from tests.support.durable_app import shipped
 
     with SessionLocal.begin() as session:
         session.add(Shipment(id=8, status="new"))
@@ -443,3 +431,28 @@ def test_fire_timers_leaves_waits_without_a_deadline_waiting(
     drain(SessionLocal)
     assert outcome(engine, sleeper) == ("succeeded", 1)
     assert execution(engine, waiter).wait == "signal:approved"
+
+
+def test_async_cursor_and_condition_wait(
+    engine: Engine,
+    SessionLocal: sessionmaker[Session],
+    AsyncSessionLocal: async_sessionmaker[AsyncSession],
+) -> None:
+    from tests.support.durable_app import dj_async_import
+
+    with SessionLocal.begin() as session:
+        session.add(Shipment(id=11, status="new"))
+        job = dj_async_import.enqueue(session, 11, 5)
+
+    async def run() -> None:
+        await queue.async_worker(AsyncSessionLocal, concurrency=2).run(burst=True)
+
+    asyncio.run(run())
+    assert execution(engine, job).wait == f"row:{shipped.name}:11"
+    assert [step for step, _ in writes(engine, job)] == [f"item{i}" for i in range(5)]
+    with SessionLocal.begin() as session:
+        session.get(Shipment, 11).status = "shipped"  # the ORM flush wakes it
+    asyncio.run(run())
+    assert outcome(engine, job) == ("succeeded", 5)
+    # The replay skipped the finished loop: each item was written once.
+    assert len(writes(engine, job)) == 5

@@ -27,6 +27,7 @@ from sqla_queue.workflows.admin import cancel_jobs_flow
 from sqla_queue.workflows.advance import ReleaseStatements
 from tests.support.app import Shipment, StepWrite
 from tests.support.durable_app import dj_until, shipped
+from tests.support.durable_checks import outcome
 from tests.support.durable_races import (
     StagedAttempt,
     dr_cancel_race,
@@ -67,14 +68,6 @@ def background(SessionLocal: sessionmaker[Session]) -> Iterator[Callable[[], Blo
     reset_holds()
     for each in started:
         each.thread.join(15)
-
-
-def outcome(engine: Engine, job_id: int) -> tuple[str, Any]:
-    with engine.connect() as connection:
-        row = connection.execute(
-            select(JOBS.c.status, JOBS.c.result).where(JOBS.c.id == job_id)
-        ).one()
-    return row.status, row.result
 
 
 def executions(engine: Engine, job_id: int) -> list[Any]:

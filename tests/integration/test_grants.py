@@ -177,12 +177,15 @@ def test_the_guide_grants_every_queue_table_and_the_operator_writes_limits() -> 
         f"{GUIDE_PREFIX}workflows",
         f"{GUIDE_PREFIX}workflow_nodes",
         f"{GUIDE_PREFIX}workflow_edges",
+        f"{GUIDE_PREFIX}job_steps",
+        f"{GUIDE_PREFIX}job_signals",
     }
     # The application role reads and locks the controls; only operators write them.
     controls = {g.privilege for g in app if g.name == f"{GUIDE_PREFIX}task_controls"}
     assert controls == {"SELECT", "UPDATE"}
     written = ("rate_starts", "schedules", "daemons", "workers")
-    for name in (*written, "workflows", "workflow_nodes", "workflow_edges"):
+    durable = ("job_steps", "job_signals")
+    for name in (*written, "workflows", "workflow_nodes", "workflow_edges", *durable):
         assert {g.privilege for g in app if g.name == f"{GUIDE_PREFIX}{name}"} == ALL_DATA, name
     admin = effective_privileges(app | _guide("admin-role"), GUIDE_ADMIN_ROLE)
     for name in ("task_limits", "unique_keys", "task_controls"):
@@ -226,7 +229,7 @@ def test_a_role_without_grants_fails_verify_and_the_worker_at_once(
 
     assert isinstance(refused.value, InsufficientPrivilegeError)
     message = str(refused.value)
-    assert len(refused.value.missing) == 44
+    assert len(refused.value.missing) == 52
     assert f"USAGE on schema {SCHEMA}" in refused.value.missing
     assert f"SELECT on table {SCHEMA}.sqla_queue_task_limits" in refused.value.missing
     assert f"GRANT USAGE ON SCHEMA {SCHEMA} TO " in message
@@ -259,6 +262,8 @@ REQUIRED = [
     *[(p, f"{SCHEMA}.sqla_queue_workflows") for p in ("SELECT", "INSERT", "UPDATE", "DELETE")],
     *[(p, f"{SCHEMA}.sqla_queue_workflow_nodes") for p in ("SELECT", "INSERT", "UPDATE", "DELETE")],
     *[(p, f"{SCHEMA}.sqla_queue_workflow_edges") for p in ("SELECT", "INSERT", "UPDATE", "DELETE")],
+    *[(p, f"{SCHEMA}.sqla_queue_job_steps") for p in ("SELECT", "INSERT", "UPDATE", "DELETE")],
+    *[(p, f"{SCHEMA}.sqla_queue_job_signals") for p in ("SELECT", "INSERT", "UPDATE", "DELETE")],
     ("SELECT", f"{SCHEMA}.sqla_queue_task_limits"),
     ("SELECT", f"{SCHEMA}.sqla_queue_task_controls"),
     ("UPDATE", f"{SCHEMA}.sqla_queue_task_controls"),

@@ -180,3 +180,16 @@ def dj_until_then_sleep(ctx: JobContext[Session], shipment_id: int) -> str:
     ctx.run_step("deliver", deliver)
     ctx.sleep(3600)
     return "done"
+
+
+@queue.task(name="dj_async_import", pass_context=True, transactional=True)
+async def dj_async_import(ctx: JobContext[AsyncSession], shipment_id: int, total: int) -> int:
+    """An async cursor over ``total`` items, then an async wait for shipment ``shipment_id``
+    to be shipped; the number of items written."""
+    async for part in ctx.cursor("import", start=0):
+        if part.position >= total:
+            break
+        ctx.session.add(StepWrite(job_id=ctx.job_id, step=f"item{part.position}"))
+        part.advance(part.position + 1)
+    await ctx.wait_until(shipped, shipment_id)
+    return total
