@@ -4,8 +4,8 @@
 method builds its decision as a flow (:mod:`sqla_queue.durable.run`) and runs it through
 one of two faces: blocking in a ``def`` handler, awaited in an ``async def`` one (which
 must ``await`` the call). Steps and cursors commit ``ctx.session``, with the handler's
-writes; waits run in a short session of their own, so that a wait that goes on at once
-leaves the handler's transaction as it was.
+writes; a wait runs in ``ctx.session`` too when it holds no transaction, else in a short
+session of its own, so that a wait leaves the handler's open transaction as it was.
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ class DurableContext:
     attempt: int
     worker_id: Any
     _session_factory: Callable[[], Any]
+    _session: Any
     _durable_support: DurableSupport | None
     _durable_run: DurableRun | None
 
@@ -275,25 +276,40 @@ class DurableContext:
 
         if _in_event_loop():
             return self._wait_async(flow, outcome)
-        session = self._session_factory()
+        session, own = self._wait_session()
         try:
             return outcome(commit_flow(session, flow()))
         finally:
-            session.close()
+            if own:
+                session.close()
+
+    def _wait_session(self) -> tuple[Any, bool]:
+        """The session a wait runs in, and whether it is one of its own (to close).
+
+        The handler's own session when it holds no transaction (nothing of the handler's
+        can be committed or rolled back with the wait): the usual case, after a step
+        committed, and one connection less per waiting handler. Otherwise a short one.
+        """
+        current = self._session
+        if current is None or not current.in_transaction():
+            return self.session, False
+        return self._session_factory(), True
 
     async def _wait_async(
         self, flow: Callable[[], Flow[Any]], outcome: Callable[[Any], Any]
     ) -> Any:
-        session = self._session_factory()
+        session, own = self._wait_session()
         if isinstance(session, AsyncSession):
             try:
                 return outcome(await commit_flow_async(session, flow()))
             finally:
-                await session.close()
+                if own:
+                    await session.close()
         try:
             return outcome(commit_flow(session, flow()))
         finally:
-            session.close()
+            if own:
+                session.close()
 
     def _suspend_for_version(self, stored: StoredStep, version: int) -> Flow[Any]:
         log.warning(

@@ -35,7 +35,7 @@ from tests.support.durable_stress_check import summary, verify_stress
 pytestmark = [
     pytest.mark.acceptance,
     pytest.mark.xdist_group("processes"),
-    pytest.mark.connection_budget(40),
+    pytest.mark.connection_budget(45),
 ]
 
 
