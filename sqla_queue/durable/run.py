@@ -226,8 +226,12 @@ class DurableRun:
         it came or the wait's deadline (``timeout`` seconds after the wait first began)
         passed."""
         stored = self.stored(name)
-        if stored is not None and isinstance(stored.result, dict) and stored.result.get("met"):
-            return Satisfied(stored.result.get("value"))  # met in an earlier run
+        decided = stored.result if stored is not None and isinstance(stored.result, dict) else {}
+        # Decided in an earlier run: a replay takes the same branch, whatever came since.
+        if decided.get("met"):
+            return Satisfied(decided.get("value"))
+        if decided.get("timed_out"):
+            return TimedOut(waits_for)
         if probe is None and stored is not None and stored.elapsed:
             return TimedOut(waits_for)  # a sleep that is over: nothing to lock
         locked = yield Step(self.statements.lock_execution, self.fence)
@@ -238,17 +242,7 @@ class DurableRun:
         if probe is not None and found is not None:
             satisfied = found((yield probe))
             if satisfied is not None:
-                met = {"met": True, "value": satisfied.value}
-                params = {
-                    **self.fence,
-                    "step": name,
-                    "step_kind": StepKind.WAIT,
-                    "step_version": 1,
-                    "step_result": json.dumps(met),
-                }
-                if not (yield Step(self.statements.record_met, params)):
-                    yield from self.refused(name)
-                self._remember(name, StepKind.WAIT, 1, met)
+                yield from self._decide(name, {"met": True, "value": satisfied.value})
                 return satisfied
         if stored is None:
             params = {
@@ -261,6 +255,8 @@ class DurableRun:
             if not (yield Step(self.statements.record_wait, params)):
                 yield from self.refused(name)
         elif stored.elapsed:
+            if probe is not None:  # a sleep's end needs no record: it is one already
+                yield from self._decide(name, {"timed_out": True})
             return TimedOut(waits_for)
         suspended = yield Step(
             self.statements.suspend, {**self.fence, "waits_for": waits_for, "step": name}
@@ -270,9 +266,24 @@ class DurableRun:
         until = suspended[0].execute_at
         return Suspension(waits_for, deadline_of(until))
 
+    def _decide(self, name: str, decision: dict[str, Any]) -> Flow[None]:
+        """Record how wait ``name`` ended (met, with what; or timed out), in the wait's
+        transaction: a replay then goes the same way without asking again, even if the
+        row that met a condition changed since, or a signal came after the deadline."""
+        params = {
+            **self.fence,
+            "step": name,
+            "step_kind": StepKind.WAIT,
+            "step_version": 1,
+            "step_result": json.dumps(decision),
+        }
+        if not (yield Step(self.statements.record_met, params)):
+            yield from self.refused(name)
+        self._remember(name, StepKind.WAIT, 1, decision)
+
     def suspend_for(self, waits_for: str) -> Flow[Suspension]:
-        """Suspend the job with no deadline until an operator wakes it (a step whose
-        stored version the code no longer has, see :mod:`sqla_queue.durable.versions`)."""
+        """Suspend the job with no deadline until an operator wakes it: a step whose
+        stored version the code no longer has (``queue.migrate_steps`` wakes it)."""
         locked = yield Step(self.statements.lock_execution, self.fence)
         if not locked:
             yield from self.refused(waits_for)

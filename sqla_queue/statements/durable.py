@@ -248,10 +248,11 @@ def record_wait_statement(tables: QueueTables) -> ReturningInsert[Any]:
 
 
 def record_met_statement(tables: QueueTables) -> ReturningInsert[Any]:
-    """Record that a wait was met, and with what (``step_result``: ``{"met": true,
-    "value": ...}``), so that a replay of the job goes on without asking again: a row
-    that met a condition may have changed since. Parameters: :class:`CheckpointParams`
-    (no compensation). Returns the job's id if it was written."""
+    """Record how a wait ended (``step_result``: ``{"met": true, "value": ...}``, or
+    ``{"timed_out": true}``), so that a replay of the job goes the same way without asking
+    again: a row that met a condition may have changed since, a signal may have come after
+    the deadline. Parameters: :class:`CheckpointParams` (no compensation). Returns the
+    job's id if it was written."""
     steps = tables.job_steps
     source = _fenced_source(tables, cast(bindparam("step_result", type_=Text), JSONB))
     stmt = insert(steps).from_select(list(_INSERTED), source)

@@ -456,3 +456,23 @@ def test_async_cursor_and_condition_wait(
     assert outcome(engine, job) == ("succeeded", 5)
     # The replay skipped the finished loop: each item was written once.
     assert len(writes(engine, job)) == 5
+
+
+def test_a_replay_takes_the_branch_its_wait_took_even_if_a_signal_came_late(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    from tests.support.durable_app import dj_signal_then_sleep
+
+    with SessionLocal.begin() as session:
+        job = dj_signal_then_sleep.enqueue(session)
+    drain(SessionLocal)
+    with SessionLocal.begin() as session:
+        queue.fire_timers(session, [job])  # the wait's deadline passes
+    drain(SessionLocal)
+    assert execution(engine, job).wait == "sleep"
+    with SessionLocal.begin() as session:
+        late = queue.signal(session, job, "approved", "too late")
+        queue.fire_timers(session, [job])
+    assert (late.stored, late.woke) == (True, False)
+    drain(SessionLocal)
+    assert outcome(engine, job) == ("succeeded", "timed out")

@@ -193,3 +193,16 @@ async def dj_async_import(ctx: JobContext[AsyncSession], shipment_id: int, total
         part.advance(part.position + 1)
     await ctx.wait_until(shipped, shipment_id)
     return total
+
+
+@queue.task(name="dj_signal_then_sleep", pass_context=True)
+def dj_signal_then_sleep(ctx: JobContext[Session]) -> str:
+    """Wait an hour at most for signal ``approved``, then sleep: the branch the wait took."""
+    from sqla_queue.errors import SignalTimeoutError
+
+    try:
+        branch = f"signalled {ctx.wait_for_signal('approved', timeout=3600)}"
+    except SignalTimeoutError:
+        branch = "timed out"
+    ctx.sleep(3600)
+    return branch
