@@ -17,7 +17,7 @@ import hashlib
 import weakref
 from typing import Any
 
-from sqlalchemy import Select, bindparam, event, inspect, literal_column, select
+from sqlalchemy import Select, bindparam, event, inspect, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import visitors
@@ -72,20 +72,22 @@ class RowCondition:
             .where(self._key_column == key)
             .with_for_update(read=True)
         )
-        self._holds: Select[Any] = (
-            select(literal_column("1")).select_from(table).where(self._key_column == key, clause)
-        )
         self._wakes: dict[QueueTables, Any] = {}
         _watch(self)
 
+    @property
+    def _prefix(self) -> str:
+        return f"row:{self.name}:"
+
     def waits_for(self, key: Any) -> str:
         """The ``wait`` value of a job that waits for this condition on row ``key``."""
-        return f"row:{self.name}:{key}"
+        return f"{self._prefix}{key}"
 
     def _wake_statement(self, tables: QueueTables) -> Any:
         found = self._wakes.get(tables)
         if found is None:
-            found = self._wakes.setdefault(tables, condition_wake_statement(tables, self._holds))
+            statement = condition_wake_statement(tables, self._key_column, self.clause)
+            found = self._wakes.setdefault(tables, statement)
         return found
 
     def wake(self, session: AnyBind, key: Any) -> list[int] | Any:
@@ -97,7 +99,7 @@ class RowCondition:
 
         def use(connection: Any) -> Any:
             statement = self._wake_statement(tables_for(self._tables, connection))
-            params = {"waits_for": self.waits_for(key), "key": key}
+            params = {"prefix": self._prefix, "keys": [key]}
             result = connection.execute(statement, params)
             if hasattr(result, "__await__"):
                 return _ids_async(result)
@@ -112,13 +114,13 @@ class RowCondition:
         return any(state.attrs[name].history.has_changes() for name in self._attributes)
 
     def _after_flush(self, session: Session, changed: list[Any]) -> None:
+        keys = [identity[0] for obj in changed if (identity := inspect(obj).identity)]
+        if not keys:
+            return
         connection = session.connection()
         statement = self._wake_statement(tables_for(self._tables, connection))
-        for instance in changed:
-            key = inspect(instance).identity
-            if key is None:
-                continue
-            connection.execute(statement, {"waits_for": self.waits_for(key[0]), "key": key[0]})
+        # One statement for every changed row of the flush, however many.
+        connection.execute(statement, {"prefix": self._prefix, "keys": keys})
 
 
 async def _ids_async(result: Any) -> list[int]:

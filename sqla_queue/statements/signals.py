@@ -29,12 +29,14 @@ from sqlalchemy import (
     exists,
     func,
     literal,
+    literal_column,
     null,
     select,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 from sqlalchemy.sql.dml import ReturningUpdate
+from sqlalchemy.sql.elements import ColumnElement
 
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements._common import ONE, PENDING, SUSPENDED
@@ -200,20 +202,28 @@ def wake_waiting_statement(tables: QueueTables) -> ReturningUpdate[Any]:
     )
 
 
-def condition_wake_statement(tables: QueueTables, holds: Select[Any]) -> ReturningUpdate[Any]:
-    """Wake the jobs that wait on one row for a condition, if the condition now holds.
+def condition_wake_statement(
+    tables: QueueTables, key: ColumnElement[Any], clause: ColumnElement[bool]
+) -> ReturningUpdate[Any]:
+    """Wake the jobs that wait for a condition on any of the rows ``keys``, where it holds.
 
-    ``holds`` selects the row (by the bound ``key``) only when the condition is true; it
-    runs in the writer's transaction, after its flush, so it sees the writer's changes.
-    Parameters: ``waits_for`` and ``key``. Returns the woken ids.
+    ``key`` is the primary-key column of the condition's table, ``clause`` the condition
+    on that table's columns. It runs in the writer's transaction, after its flush, so it
+    sees the writer's changes: one statement for every row a flush changed. Parameters:
+    ``prefix`` (the ``wait`` value without the key: ``row:<condition>:``) and ``keys``.
+    Returns the woken ids.
     """
     ex = tables.executions
+    keys = select(func.unnest(bindparam("keys", type_=ARRAY(key.type))).label("k")).subquery("keys")
+    holds: Select[Any] = (
+        select(literal_column("1")).select_from(key.table).where(key == keys.c.k, clause)
+    )
     return (
         update(ex)
         .where(
             and_(
                 ex.c.state == SUSPENDED,
-                ex.c.wait == bindparam("waits_for", type_=Text),
+                ex.c.wait == bindparam("prefix", type_=Text) + cast(keys.c.k, Text),
                 exists(holds),
             )
         )

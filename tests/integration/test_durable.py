@@ -476,3 +476,31 @@ def test_a_replay_takes_the_branch_its_wait_took_even_if_a_signal_came_late(
     assert (late.stored, late.woke) == (True, False)
     drain(SessionLocal)
     assert outcome(engine, job) == ("succeeded", "timed out")
+
+
+def test_one_flush_of_many_rows_wakes_each_waiter_in_one_statement(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    from sqlalchemy import event
+
+    with SessionLocal.begin() as session:
+        session.add_all([Shipment(id=20 + i, status="new") for i in range(5)])
+        jobs = [dj_until.enqueue(session, 20 + i) for i in range(5)]
+    drain(SessionLocal)
+    assert {execution(engine, job).state for job in jobs} == {"suspended"}
+    wakes: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "SET state='pending'" in statement:
+            wakes.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        with SessionLocal.begin() as session:
+            shipments = session.scalars(select(Shipment).order_by(Shipment.id)).all()
+            for shipment in shipments[:4]:  # the fifth stays new: its job keeps waiting
+                shipment.status = "shipped"
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert len(wakes) == 1
+    assert [execution(engine, job).state for job in jobs] == ["pending"] * 4 + ["suspended"]

@@ -121,6 +121,10 @@ BUILDERS = {
     "signal_payload": signals.signal_payload_statement,
     "wake_due": signals.wake_due_statement,
     "wake_waiting": signals.wake_waiting_statement,
+    # A condition on a host table stands in for queue.condition(Order, Order.status == ...).
+    "wake_condition": lambda t: signals.condition_wake_statement(
+        t, t.jobs.c.id, t.jobs.c.status == t.jobs.c.task
+    ),
     "compensations_due": compensations.compensations_due_statement,
     "compensations_mark": compensations.mark_compensated_statement,
     "durable_suspended": durable_admin.suspended_statement,
