@@ -12,7 +12,7 @@ import socket
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, func, insert, select
+from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from tests.support.app import Order, queue
@@ -83,6 +83,18 @@ def seed(engine: Engine) -> Seeded:
             )
         )
         pretend_claimed(session.connection(), running, worker=worker_id)
+        # A durable job waiting for a signal (suspended: the overview gains its column).
+        waiting = queue.enqueue(session, "noop")
+        executions = queue.tables.executions
+        session.execute(
+            update(executions)
+            .where(executions.c.id == waiting)
+            .values(
+                state="suspended",
+                wait="signal:approved",
+                execute_at=dt.datetime(9999, 12, 31, tzinfo=dt.UTC),
+            )
+        )
     return Seeded(failed, [*succeeded], pending, linked, unique, scheduled, running)
 
 

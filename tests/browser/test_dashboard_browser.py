@@ -188,6 +188,9 @@ def test_click_through_actions_and_screenshots(
     browser.get(f"{server}/")
     assert browser.find_element(By.ID, "mode").text == "actions on · ops"
     assert browser.find_element(By.CSS_SELECTOR, "svg.chart")
+    # The seeded durable job waits: the overview shows the suspended card and column.
+    assert browser.find_element(By.ID, "total-suspended").text == "1"
+    assert browser.find_elements(By.CSS_SELECTOR, "#tasks td.suspended")
     _fits_and_shot(browser, shots, "overview", 900)
     for button in browser.find_elements(By.CSS_SELECTOR, "#tasks button"):
         assert button.is_displayed(), f"{button.text} is hidden"

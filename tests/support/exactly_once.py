@@ -138,7 +138,7 @@ class ExactlyOnceConfig:
     async_jobs: int = 600
     sync_workers: int = 2
     async_workers: int = 1
-    concurrency: int = 8
+    concurrency: int = 6
     #: Seconds between SIGKILLs, backend sweeps and SIGSTOPs (each jittered by a quarter;
     #: the first of each comes after a third of its interval).
     kill_every: float = 4.0
