@@ -84,12 +84,15 @@ class StepBlock:
         fails or is cancelled; overrides the block's ``compensate=``."""
         self._compensate = call
 
-    def _enter(self, face: Face) -> StepBlock:
-        face.read(self._run.load())
+    def _mismatched(self) -> StoredStep | None:
+        """The stored step, when another version of the code committed it (after the
+        job's checkpoints were read)."""
         stored = self._run.stored(self.name)
-        if step_mismatch(stored, StepKind.STEP, self.version):
-            assert stored is not None
-            face.mismatch(stored, self.version)
+        return stored if step_mismatch(stored, StepKind.STEP, self.version) else None
+
+    def _replayed(self) -> StepBlock:
+        """Take the stored result, if the step committed before."""
+        stored = self._run.stored(self.name)
         if stored is not None:
             self.done = True
             self.result = stored.result
@@ -104,7 +107,11 @@ class StepBlock:
         )
 
     def __enter__(self) -> StepBlock:
-        return self._enter(self._face_for(False))
+        face = self._face_for(False)
+        face.read(self._run.load())
+        if (stored := self._mismatched()) is not None:
+            face.mismatch(stored, self.version)
+        return self._replayed()
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -118,14 +125,9 @@ class StepBlock:
     async def __aenter__(self) -> StepBlock:
         face = self._face_for(True)
         await face.read(self._run.load())
-        stored = self._run.stored(self.name)
-        if step_mismatch(stored, StepKind.STEP, self.version):
-            assert stored is not None
+        if (stored := self._mismatched()) is not None:
             await face.mismatch(stored, self.version)
-        if stored is not None:
-            self.done = True
-            self.result = stored.result
-        return self
+        return self._replayed()
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
