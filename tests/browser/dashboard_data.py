@@ -44,6 +44,8 @@ class Seeded:
     scheduled: int
     #: A noop job that the live worker runs (its first attempt).
     running: int
+    #: A noop job suspended as a durable job waiting for signal ``approved``.
+    suspended: int
 
 
 def seed(engine: Engine) -> Seeded:
@@ -95,7 +97,7 @@ def seed(engine: Engine) -> Seeded:
                 execute_at=dt.datetime(9999, 12, 31, tzinfo=dt.UTC),
             )
         )
-    return Seeded(failed, [*succeeded], pending, linked, unique, scheduled, running)
+    return Seeded(failed, [*succeeded], pending, linked, unique, scheduled, running, waiting)
 
 
 def _count_finished(factory: sessionmaker[Session], ids: list[int]) -> int:

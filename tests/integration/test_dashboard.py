@@ -85,7 +85,7 @@ def test_every_page_renders_with_data(read_only: TestClient, seeded: Seeded) -> 
     jobs = read_only.get("/jobs")
     assert jobs.status_code == 200
     every = [*seeded.failed, *seeded.succeeded, *seeded.pending, seeded.linked, seeded.unique]
-    assert set(every) | {seeded.scheduled, seeded.running} == set(_ids(jobs.text))
+    assert set(every) | {seeded.scheduled, seeded.running, seeded.suspended} == set(_ids(jobs.text))
     assert _ids(jobs.text) == sorted(_ids(jobs.text), reverse=True)
 
     failed = read_only.get(f"/jobs/{seeded.failed[0]}")
