@@ -63,7 +63,7 @@ class DurableMethods:
         """
         if not isinstance(name, str) or not name or len(name) > 200:
             raise ValueError(f"a signal needs a name of 1 to 200 characters, got {name!r}")
-        encoded = admin.encode_signal_payload(payload)
+        encoded = admin.encode_signal_payload(name, payload)
         result: Signalled | Coroutine[Any, Any, Signalled] = self._durable_flow(
             session, lambda s: admin.signal_flow(s.durable, job_id, name, encoded)
         )

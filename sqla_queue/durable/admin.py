@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from sqla_queue.conversation import Flow, Step
 from sqla_queue.durable.statements import DurableStatements
 from sqla_queue.errors import JobNotFoundError
+from sqla_queue.logic.payload import dump_json
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements import durable_admin
 from sqla_queue.statements.durable import deadline_of
@@ -113,12 +113,10 @@ class StepVersion:
     jobs: int
 
 
-def encode_signal_payload(payload: Any) -> str:
-    """``payload`` as JSON text, or a ``TypeError`` saying why it cannot be stored."""
-    try:
-        return json.dumps(payload, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"a signal's payload must be JSON: {exc}") from None
+def encode_signal_payload(name: str, payload: Any) -> str:
+    """``payload`` as JSON text, or a :class:`~sqla_queue.errors.PayloadNotSerializableError`
+    (a ``TypeError``) naming what cannot be stored, before anything is sent."""
+    return dump_json(payload, task="", what="its payload", doing=f"send signal {name!r}")
 
 
 def signal_flow(statements: DurableStatements, job_id: int, name: str, payload: str) -> Flow[Any]:

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 from sqla_queue.conversation import Flow, Step
 from sqla_queue.durable.statements import DurableStatements
 from sqla_queue.errors import StepNotCommittedError
+from sqla_queue.logic.payload import dump_json
 from sqla_queue.models.tables import StepKind
 from sqla_queue.statements.durable import FenceParams, deadline_of
 
@@ -177,7 +178,7 @@ class DurableRun:
             "step": name,
             "step_kind": StepKind.STEP,
             "step_version": version,
-            "step_result": json.dumps(result),
+            "step_result": self._dump(result, f"step {name!r}"),
             "step_compensate": compensate,
         }
         rows = yield Step(self.statements.checkpoint, params)
@@ -192,13 +193,21 @@ class DurableRun:
             "step": name,
             "step_kind": StepKind.CURSOR,
             "step_version": version,
-            "step_result": json.dumps(position),
+            "step_result": self._dump(position, f"cursor {name!r}"),
             "expected": json.dumps(expected),
         }
         rows = yield Step(self.statements.advance_cursor, params)
         if not rows:
             yield from self.refused(name)
         self._remember(name, StepKind.CURSOR, version, position)
+
+    def _dump(self, value: Any, what: str) -> str:
+        """``value`` as the JSON text a checkpoint stores, or a
+        :class:`~sqla_queue.errors.PayloadNotSerializableError` naming what cannot be
+        stored, raised before anything is sent (the step's writes are rolled back)."""
+        return dump_json(
+            value, task="", what="its result", doing=f"commit {what} of job {self.job_id}"
+        )
 
     def refused(self, name: str) -> Flow[NoReturn]:
         """Read why a fenced statement wrote nothing, and raise it."""

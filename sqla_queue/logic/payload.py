@@ -261,22 +261,35 @@ def find_unstorable(value: Any, what: str = "value", *, strings: bool = True) ->
     return Unstorable(_path(what, parts), bad, reason)
 
 
-def _message(task: str, found: Unstorable) -> str:
+def _doing(task: str, doing: str | None) -> str:
+    """What the message says could not be done: an enqueue of ``task`` unless ``doing``."""
+    return doing if doing is not None else f"enqueue task {task!r}"
+
+
+def _message(doing: str, found: Unstorable) -> str:
     if found.value is _KEY or found.value is _DEEP:
-        return f"cannot enqueue task {task!r}: {found.where} {found.reason}"
-    return f"cannot enqueue task {task!r}: {found.where} = {_show(found.value)} {found.reason}"
+        return f"cannot {doing}: {found.where} {found.reason}"
+    return f"cannot {doing}: {found.where} = {_show(found.value)} {found.reason}"
 
 
-def check_storable(value: Any, *, task: str, what: str = "arguments", strings: bool = True) -> None:
+def check_storable(
+    value: Any,
+    *,
+    task: str,
+    what: str = "arguments",
+    strings: bool = True,
+    doing: str | None = None,
+) -> None:
     """Raise :class:`PayloadNotSerializableError` naming the first unstorable part of ``value``.
 
-    See :func:`find_unstorable` for the rules and ``strings``.
+    See :func:`find_unstorable` for the rules and ``strings``. The message says it cannot
+    enqueue ``task``, or ``doing`` when given (a durable step's result, a signal's payload).
     """
     if _walk(value, 0, strings) is None:
         return
     found = find_unstorable(value, what, strings=strings)
     assert found is not None
-    raise PayloadNotSerializableError(_message(task, found))
+    raise PayloadNotSerializableError(_message(_doing(task, doing), found))
 
 
 log = logging.getLogger("sqla_queue.payload")
@@ -366,22 +379,23 @@ def payload_extras(payload: Any) -> dict[str, str]:
     }
 
 
-def dump_json(value: Any, *, task: str, what: str = "arguments") -> str:
+def dump_json(value: Any, *, task: str, what: str = "arguments", doing: str | None = None) -> str:
     """Serialize ``value`` to JSON text, or raise a :class:`PayloadNotSerializableError`.
 
-    Everything :func:`find_unstorable` refuses is refused, with the task, the place and
-    the rule in the message; the text returned is what PostgreSQL stores unchanged.
+    Everything :func:`find_unstorable` refuses is refused, with the task (or ``doing``,
+    as :func:`check_storable`), the place and the rule in the message; the text returned
+    is what PostgreSQL stores unchanged.
     """
     try:
         text = _encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
-        check_storable(value, task=task, what=what)
+        check_storable(value, task=task, what=what, doing=doing)
         raise PayloadNotSerializableError(
-            f"cannot enqueue task {task!r}: {what} {_NOT_JSON} ({exc})"
+            f"cannot {_doing(task, doing)}: {what} {_NOT_JSON} ({exc})"
         ) from exc
     strings = text_suspect(text)
     if strings or shape_suspect(text):
-        check_storable(value, task=task, what=what, strings=strings)
+        check_storable(value, task=task, what=what, strings=strings, doing=doing)
     return text
 
 

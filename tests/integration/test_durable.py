@@ -9,11 +9,11 @@ import time
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
-from sqla_queue.errors import JobNotFoundError
+from sqla_queue.errors import JobNotFoundError, PayloadNotSerializableError
 from tests.support.app import Shipment, StepWrite
 from tests.support.durable_app import (
     dj_async_signal,
@@ -160,6 +160,11 @@ def test_signal_refuses_an_unknown_job_and_bad_payloads(
         queue.signal(session, 1, "approved", {1, 2})
     with SessionLocal.begin() as session, pytest.raises(ValueError, match="name"):
         queue.signal(session, 1, "")
+    # Refused before anything is sent: the sender's own transaction goes on.
+    with SessionLocal.begin() as session:
+        with pytest.raises(PayloadNotSerializableError, match=r"send signal 'approved'.*NUL"):
+            queue.signal(session, 1, "approved", {"note": "a\x00b"})
+        assert session.execute(select(func.count()).select_from(JOBS)).scalar_one() == 0
 
 
 def test_a_flush_that_makes_the_condition_true_wakes_the_job(
@@ -504,3 +509,19 @@ def test_one_flush_of_many_rows_wakes_each_waiter_in_one_statement(
         event.remove(engine, "before_cursor_execute", count)
     assert len(wakes) == 1
     assert [execution(engine, job).state for job in jobs] == ["pending"] * 4 + ["suspended"]
+
+
+def test_a_step_result_that_cannot_be_stored_fails_the_attempt_and_writes_nothing(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    from tests.support.durable_app import dj_bad_result
+
+    with SessionLocal.begin() as session:
+        job = dj_bad_result.enqueue(session)
+    drain(SessionLocal)
+    status, _ = outcome(engine, job)
+    assert status == "failed"
+    with engine.connect() as connection:
+        errors = connection.execute(select(JOBS.c.errors).where(JOBS.c.id == job)).scalar_one()
+    assert "commit step 'bad'" in errors[-1]["message"] and "finite" in errors[-1]["message"]
+    assert writes(engine, job) == []

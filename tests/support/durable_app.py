@@ -206,3 +206,12 @@ def dj_signal_then_sleep(ctx: JobContext[Session]) -> str:
         branch = "timed out"
     ctx.sleep(3600)
     return branch
+
+
+@queue.task(name="dj_bad_result", pass_context=True, transactional=True)
+def dj_bad_result(ctx: JobContext[Session]) -> None:
+    """A step whose result PostgreSQL cannot store (NaN): its write must not commit."""
+    with ctx.step("bad") as step:
+        if not step.done:
+            _write(ctx.session, ctx.job_id, "bad")
+            step.result = {"ratio": float("nan")}
