@@ -60,15 +60,25 @@ def header_dict(workflow: Any) -> dict[str, Any]:
 
 
 def workflow_state(cancelled: bool, counts: Mapping[str, int]) -> str:
-    """A workflow's state from its nodes counted by shown state: cancelled, running (a node
-    waits or its job has not ended), held, failed, or succeeded. The one rule behind
-    :attr:`WorkflowStatus.state` and the listing's summaries."""
+    """A workflow's state from its nodes counted by shown state: cancelled, running (a
+    node's job has not ended), held, failed, or succeeded. The one rule behind
+    :attr:`WorkflowStatus.state` and the listing's summaries.
+
+    A blocked node always has a parent that has not ended (a blocked, held or queued
+    node). So when no node's job is queued, every blocked node waits, through its
+    ancestors, for a held one: the workflow is ``held``, however many blocked nodes follow
+    the held one. Nothing can run until an operator requeues the held node's failed parent.
+    """
     if cancelled:
         return "cancelled"
-    if counts.get(NodeState.BLOCKED) or counts.get(JobStatus.QUEUED):
+    if counts.get(JobStatus.QUEUED):
         return "running"
     if counts.get(NodeState.HELD):
         return "held"
+    if counts.get(NodeState.BLOCKED):
+        # Not reached while every blocked node has an open parent (see above); were a
+        # node left blocked with none, it still has not ended.
+        return "running"
     if counts.get(JobStatus.FAILED) or counts.get(JobStatus.CANCELLED):
         return "failed"
     return "succeeded"
@@ -105,10 +115,10 @@ class NodeStatus:
 class WorkflowStatus:
     """A workflow and each of its nodes.
 
-    ``state`` is ``cancelled`` (someone cancelled it), ``running`` (a node still waits,
-    or its job has not ended), ``held`` (nothing runs, and a node waits for an operator
-    to requeue its failed parent), ``failed`` (it ended with a node failed or ruled out)
-    or ``succeeded``.
+    ``state`` is ``cancelled`` (someone cancelled it), ``running`` (a node's job has not
+    ended), ``held`` (no job is queued or running, and a node, with every blocked node
+    after it, waits for an operator to requeue its failed parent), ``failed`` (it ended
+    with a node failed or ruled out) or ``succeeded``.
     """
 
     id: int

@@ -18,19 +18,21 @@ from sqlalchemy.orm import Session
 
 from sqla_queue.enqueue import TaskDefaults, job_row
 from sqla_queue.links import about_reference
-from sqla_queue.logic.payload import dump_payloads
+from sqla_queue.logic.payload import dump_payloads, text_problem
 from sqla_queue.models.tables import ParentFailure, ParentPolicy
 from sqla_queue.spec import JobSpec
 from sqla_queue.statements.workflows import NodeRow
 from sqla_queue.workflows.results import WorkflowHandle
 
 __all__ = [
+    "EXPANSION_SEPARATOR",
     "Expansion",
     "Node",
     "Policy",
     "Quorum",
     "Workflow",
     "dump_node_rows",
+    "empty_message",
     "node_rows",
     "quorum",
 ]
@@ -81,12 +83,31 @@ class _Entry:
     on_parent_failure: str
 
 
+#: What joins an expanding node's name to the names of the nodes its expansion adds
+#: (``plan/pack@0``, ``plan/pack@then``): no name a caller gives has it.
+EXPANSION_SEPARATOR = "/"
+
+
 def _check_name(what: str, name: object) -> str:
-    if not isinstance(name, str) or not name or len(name) > MAX_NAME or "\x00" in name:
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME:
         raise ValueError(
             f"{what} must be a non-empty text of at most {MAX_NAME} characters, got {name!r}"
         )
+    problem = text_problem(name)
+    if problem is not None:
+        raise ValueError(f"{what} {name!r} {problem}")
     return name
+
+
+def _check_node_name(name: object) -> str:
+    checked = _check_name("a node's name", name)
+    if EXPANSION_SEPARATOR in checked:
+        raise ValueError(
+            f"a node's name cannot contain {EXPANSION_SEPARATOR!r}, got {checked!r}: the "
+            "nodes that an expansion (ctx.expand) adds are named "
+            "'<expanding node>/<task>@<n>', and a node named so would take one's place"
+        )
+    return checked
 
 
 def _policy(policy: object, parents: int) -> tuple[str, int | None]:
@@ -120,6 +141,15 @@ def _spec(spec: object) -> JobSpec:
             "unique=True to keep one live workflow per row"
         )
     return spec
+
+
+def empty_message(name: str) -> str:
+    """What the enqueue of a workflow without nodes says."""
+    return (
+        f"workflow {name!r} has no nodes, so there is nothing to enqueue: add each call "
+        "with workflow.add(task.call(...)) (or build it with queue.chain, queue.group or "
+        "queue.chord), then enqueue it"
+    )
 
 
 class Workflow:
@@ -191,7 +221,7 @@ class Workflow:
 
     def _name_for(self, task: str, name: str | None) -> str:
         if name is not None:
-            name = _check_name("a node's name", name)
+            name = _check_node_name(name)
             if name in self._names:
                 raise ValueError(f"the workflow has a node named {name!r} already")
             return name
@@ -225,6 +255,8 @@ class Workflow:
         The queue is the one of the nodes' tasks (``task.call(...)``); a workflow of
         specs built by name is enqueued by ``queue.enqueue_workflow(session, wf)``.
         """
+        if not self._entries:
+            raise ValueError(empty_message(self.name))
         origins = {id(e.spec.origin): e.spec.origin for e in self._entries if e.spec.origin}
         if len(origins) != 1:
             raise ValueError(

@@ -26,7 +26,13 @@ from sqla_queue.statements.workflows import (
     write_nodes_statement,
 )
 from sqla_queue.workflows.advance import ReleaseStatements
-from sqla_queue.workflows.graph import Expansion, Workflow, dump_node_rows, node_rows
+from sqla_queue.workflows.graph import (
+    Expansion,
+    Workflow,
+    dump_node_rows,
+    empty_message,
+    node_rows,
+)
 from sqla_queue.workflows.results import WorkflowHandle
 
 __all__ = ["WorkflowHandle", "WorkflowStatements", "WorkflowWriter"]
@@ -101,7 +107,7 @@ class WorkflowWriter:
         if not isinstance(workflow, Workflow):
             raise TypeError(f"a Workflow was expected, got {workflow!r}")
         if len(workflow) == 0:
-            raise ValueError(f"workflow {workflow.name!r} has no nodes")
+            raise ValueError(empty_message(workflow.name))
         rows = dump_node_rows(node_rows(workflow, self.defaults))
 
         def write(connection: Any) -> Any:

@@ -95,7 +95,16 @@ class WorkflowNodes:
             ids = [o.job_id for o in outcomes if o.job_id in self._nodes]
             if not ids:
                 return None
-            expansions = {i: self._expansions.pop(i) for i in ids if i in self._expansions}
+            # Only a success writes its expansion. An outcome that stands in for a refused
+            # one (a plain failure, after the database refused the expansion: a name taken
+            # in the workflow, say) must not bring the expansion back, or every flush of
+            # that failure would be refused in turn and stop the worker.
+            succeeded = {o.job_id for o in outcomes if o.kind == OutcomeKind.SUCCEEDED}
+            expansions = {
+                i: self._expansions.pop(i) for i in ids if i in self._expansions and i in succeeded
+            }
+            for i in ids:
+                self._expansions.pop(i, None)
             self._nodes.difference_update(ids)
         writer = self._writer
         if writer is None:

@@ -1,0 +1,256 @@
+"""Issue 36, section 2 (and the workflow items of section 5): workflows at their edges,
+on a real PostgreSQL.
+
+- a held node with blocked nodes after it reads ``held`` everywhere (status, listing,
+  CLI, dashboard), not ``running``;
+- a node name that an expansion would generate is refused when the workflow is built, and
+  an expansion the database refuses fails its job, never the worker;
+- bad names (a lone surrogate) and an empty workflow get clear errors and write nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, func, select, text, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from sqla_queue.workflows import Workflow
+from sqla_queue.workflows.listing import list_workflows
+from tests.support.workflow_app import queue, wf_fail, wf_split, wf_sum, wf_tx, wf_value
+
+pytestmark = pytest.mark.integration
+
+TARGET = "tests.support.workflow_app:queue"
+JOBS = queue.tables.jobs
+NODES = queue.tables.workflow_nodes
+
+
+def drain(factory: sessionmaker[Session], **settings: Any) -> None:
+    """Run a sync worker until no job is left (it raises if the worker stops)."""
+    queue.worker(factory, concurrency=2, **settings).run(burst=True)
+
+
+def job_of(engine: Engine, job_id: int) -> Any:
+    with engine.connect() as connection:
+        return connection.execute(
+            select(JOBS.c.status, JOBS.c.result, JOBS.c.errors).where(JOBS.c.id == job_id)
+        ).one()
+
+
+def count_rows(engine: Engine) -> tuple[int, int, int]:
+    """How many jobs, workflows and nodes the queue holds."""
+    with engine.connect() as connection:
+        return (
+            int(connection.execute(select(func.count()).select_from(JOBS)).scalar_one()),
+            int(
+                connection.execute(
+                    select(func.count()).select_from(queue.tables.workflows)
+                ).scalar_one()
+            ),
+            int(connection.execute(select(func.count()).select_from(NODES)).scalar_one()),
+        )
+
+
+# -- a held node followed by blocked ones --------------------------------------------------
+
+
+def held_with_followers() -> Workflow:
+    """first fails; then (hold) after it; two more blocked after then; a side branch."""
+    wf = Workflow("held-chain")
+    first = wf.add(wf_fail.call(), name="first")
+    held = wf.add(wf_sum.call(), after=first, on_parent_failure="hold", name="then")
+    after = wf.add(wf_sum.call(), after=held, name="after")
+    wf.add(wf_sum.call(), after=[after, first], policy="all_finished", name="last")
+    wf.add(wf_value.call("side"), name="side")
+    return wf
+
+
+def test_held_node_with_blocked_followers_reads_held_everywhere(
+    db_url: str,
+    engine: Engine,
+    SessionLocal: sessionmaker[Session],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with SessionLocal.begin() as session:
+        handle = held_with_followers().enqueue(session)
+    drain(SessionLocal)
+    status = queue.workflow_status(engine, handle.id)
+    assert {n.name: n.shown_state for n in status.nodes} == {
+        "first": "failed",
+        "then": "held",
+        "after": "blocked",
+        "last": "blocked",
+        "side": "succeeded",
+    }
+    assert status.state == "held"
+    assert status.as_dict()["state"] == "held"
+
+    with engine.connect() as connection:
+        (summary,) = list_workflows(connection, queue.tables)
+    assert summary.state == "held"
+
+    from sqla_queue.cli.main import main
+
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["workflows", TARGET, "--url", db_url]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[1].split()[:3] == [str(handle.id), "held-chain", "held"]
+    assert main(["workflows", TARGET, "--url", db_url, str(handle.id)]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.split()[:4] == ["workflow", str(handle.id), "held-chain", "held"]
+
+    pytest.importorskip("starlette", reason="the dashboard extra is not installed")
+    pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*httpx.*deprecated")
+        from starlette.testclient import TestClient
+    with TestClient(queue.dashboard(engine)) as client:
+        page = client.get(f"/workflows/{handle.id}").text
+        assert re.search(r'<dd id="workflow-state">held</dd>', page)
+        assert "running" not in re.findall(r'id="workflow-state">(\w+)<', page)
+
+    # The operator requeues the failed parent (now fixed): the workflow runs again.
+    with SessionLocal.begin() as session:
+        session.execute(
+            update(JOBS)
+            .where(JOBS.c.id == handle.jobs["first"])
+            .values(task="wf_value", payload={"args": [1], "kwargs": {}})
+        )
+        assert queue.requeue(session, [handle.jobs["first"]]) == [handle.jobs["first"]]
+    assert queue.workflow_status(engine, handle.id).state == "running"
+    drain(SessionLocal)
+    assert queue.workflow_status(engine, handle.id).state == "succeeded"
+
+
+def test_held_node_beside_a_running_branch_reads_running(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    wf = held_with_followers()
+    with SessionLocal.begin() as session:
+        handle = wf.enqueue(session)
+    drain(SessionLocal)
+    # Another root of the same workflow still queued: something can still run.
+    with engine.begin() as connection:
+        connection.execute(
+            update(JOBS).where(JOBS.c.id == handle.jobs["side"]).values(status="queued")
+        )
+    assert queue.workflow_status(engine, handle.id).state == "running"
+
+
+# -- node names that an expansion generates ------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["plan/pack@0", "plan/pack@then", "/", "a/b"])
+def test_a_name_like_an_expansions_is_refused_when_built(
+    engine: Engine, SessionLocal: sessionmaker[Session], name: str
+) -> None:
+    wf = Workflow("fulfil")
+    wf.add(wf_split.call(2), name="plan")
+    with pytest.raises(ValueError, match=re.escape(repr(name))) as caught:
+        wf.add(wf_value.call(1), name=name)
+    assert "expansion" in str(caught.value)
+    # The workflow as it stands (the refused node left out) is written whole.
+    with SessionLocal.begin() as session:
+        handle = wf.enqueue(session)
+    assert list(handle.jobs) == ["plan"]
+
+
+def test_an_expansion_the_database_refuses_fails_its_job_not_the_worker(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    """A workflow written before names were checked (forced here by an UPDATE) holds a node
+    named as the expansion's first node: the expanding job fails, naming why, its
+    dependents are ruled out, and the worker goes on with every other job."""
+    wf = Workflow("legacy")
+    plan = wf.add(wf_split.call(2), name="plan")
+    squatter = wf.add(wf_value.call("squat"), name="squatter")
+    wf.add(wf_sum.call(), after=plan, name="after")
+    wf.add(wf_value.call("next"), after=squatter, name="next")
+    with SessionLocal.begin() as session:
+        handle = wf.enqueue(session)
+        others = [wf_value.enqueue(session, i) for i in range(5)]
+        session.execute(
+            update(NODES)
+            .where(NODES.c.job_id == handle.jobs["squatter"])
+            .values(name="plan/wf_value@0")
+        )
+    drain(SessionLocal)  # raised WorkerStoppedError before
+    plan_job = job_of(engine, handle.jobs["plan"])
+    assert plan_job.status == "failed"
+    assert "workflow_nodes_name_uq" in plan_job.errors[-1]["message"]
+    assert job_of(engine, handle.jobs["after"]).status == "cancelled"
+    assert job_of(engine, handle.jobs["squatter"]).status == "succeeded"
+    assert job_of(engine, handle.jobs["next"]).status == "succeeded"
+    assert [job_of(engine, i).status for i in others] == ["succeeded"] * 5
+    # Nothing of the refused expansion was written.
+    with engine.connect() as connection:
+        names = connection.execute(
+            select(NODES.c.name).where(NODES.c.workflow_id == handle.id)
+        ).scalars()
+        assert sorted(names) == ["after", "next", "plan", "plan/wf_value@0"]
+    # A second worker finds nothing left to do, and stops normally.
+    drain(SessionLocal)
+
+
+def test_a_transactional_expansion_the_database_refuses_fails_its_job(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    wf = Workflow("legacy-tx")
+    tx = wf.add(wf_tx.options(max_attempts=1).call("x", parts=2), name="tx")
+    squatter = wf.add(wf_value.call("squat"), name="squatter")
+    wf.add(wf_sum.call(), after=tx, name="after")
+    wf.add(wf_value.call("next"), after=squatter, name="next")
+    with SessionLocal.begin() as session:
+        handle = wf.enqueue(session)
+        session.execute(
+            update(NODES)
+            .where(NODES.c.job_id == handle.jobs["squatter"])
+            .values(name="tx/wf_sum@then")
+        )
+    drain(SessionLocal)
+    assert job_of(engine, handle.jobs["tx"]).status == "failed"
+    assert job_of(engine, handle.jobs["after"]).status == "cancelled"
+    assert job_of(engine, handle.jobs["next"]).status == "succeeded"
+
+
+# -- bad names and empty workflows: a clear error, nothing written -------------------------
+
+
+@pytest.mark.parametrize("bad", ["\ud800", "ok\udfffok", "a\x00b"])
+def test_unstorable_names_are_refused_before_anything_is_sent(
+    engine: Engine, SessionLocal: sessionmaker[Session], bad: str
+) -> None:
+    with SessionLocal.begin() as session:
+        kept = wf_value.enqueue(session, "kept")
+        with pytest.raises(ValueError, match="node's name"):
+            Workflow("w").add(wf_value.call(1), name=bad)
+        with pytest.raises(ValueError, match="workflow's name"):
+            Workflow(bad)
+        with pytest.raises(ValueError, match="workflow's name"):
+            queue.chain(wf_value.call(1), name=bad)
+        # The caller's transaction is untouched: it goes on and commits.
+        session.execute(text("SELECT 1"))
+    assert job_of(engine, kept).status == "queued"
+    assert count_rows(engine) == (1, 0, 0)
+
+
+def test_an_empty_workflow_says_what_to_do(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    with SessionLocal.begin() as session:
+        for enqueue in (
+            lambda wf: wf.enqueue(session),
+            lambda wf: queue.enqueue_workflow(session, wf),
+        ):
+            with pytest.raises(ValueError) as caught:
+                enqueue(Workflow("nothing"))
+            message = str(caught.value)
+            assert "'nothing' has no nodes" in message
+            assert "workflow.add(" in message
+            assert "name one queue" not in message
+    assert count_rows(engine) == (0, 0, 0)
