@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -28,7 +28,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from sqla_queue._binds import AnyBind, scalars_each, tables_for
+from sqla_queue._binds import AnyBind, tables_for
 from sqla_queue._sqlstate import INSUFFICIENT_PRIVILEGE, sqlstate_of
 from sqla_queue.checks import (
     INT4_MAX,
@@ -39,6 +39,7 @@ from sqla_queue.checks import (
     check_whole_number,
 )
 from sqla_queue.conversation import Flow, run_flow
+from sqla_queue.durable.compensate import reopen_compensated_flow
 from sqla_queue.errors import InsufficientPrivilegeError
 from sqla_queue.logic.payload import encode_json
 from sqla_queue.models.tables import NodeState, QueueTables
@@ -60,6 +61,7 @@ from sqla_queue.statements.limits import (
     set_limit_statement,
     stored_limits_statement,
 )
+from sqla_queue.statements.prune import LeftoversParams, prune_leftovers_statement
 from sqla_queue.statements.unique import (
     BindKeysParams,
     TakeKeysParams,
@@ -73,8 +75,11 @@ from sqla_queue.statements.workflow_admin import (
 )
 
 __all__ = [
+    "PRUNED_TABLES",
     "FailedJob",
+    "Pruned",
     "RequeueReport",
+    "add_counts",
     "check_age",
     "check_failed_limit",
     "check_job_ids",
@@ -82,6 +87,7 @@ __all__ = [
     "failed_jobs",
     "operator_write_refused",
     "prune",
+    "prune_leftovers_flow",
     "requeue",
     "set_limit",
     "stored_limits",
@@ -258,6 +264,8 @@ def _requeue_flow(tables: QueueTables, ids: list[int]) -> Flow[RequeueReport]:
         "ids": [job_id for job_id in ids if job_id not in held and job_id not in refused]
     }
     requeued = [int(row[0]) for row in (yield requeue_statement(tables), free)]
+    # A durable job's compensated steps run again (see the durable jobs guide).
+    yield from reopen_compensated_flow(tables, requeued)
     back = set(requeued)
     resumed: RequeueParams = {"ids": [row.job_id for row in nodes if row.job_id in back]}
     if resumed["ids"]:
@@ -297,39 +305,112 @@ def _take_keys(
     return held
 
 
+#: The tables a prune removes rows from, by role (see :class:`Pruned`), in report order.
+PRUNED_TABLES = (
+    "jobs",
+    "unique_keys",
+    "job_steps",
+    "job_signals",
+    "workflows",
+    "workflow_nodes",
+    "workflow_edges",
+)
+
+
+class Pruned(int):
+    """What a prune removed: the number of jobs deleted (the ``int`` itself, as prune
+    always returned), and :attr:`removed`, the rows deleted from each table.
+
+    :attr:`removed` maps each role of :data:`PRUNED_TABLES` (``jobs``, ``unique_keys``,
+    ``job_steps``, ``job_signals``, ``workflows``, ``workflow_nodes``, ``workflow_edges``)
+    to a count, zero included; :meth:`by_table` gives the same counts under the tables'
+    names. On a partitioned history, :attr:`partitions` names the partitions dropped (or
+    detached) too.
+    """
+
+    removed: dict[str, int]
+    partitions: tuple[str, ...]
+
+    def __new__(
+        cls, removed: Mapping[str, int] | None = None, partitions: Iterable[str] = ()
+    ) -> Pruned:
+        """A report of ``removed`` (counts by table role; missing roles count zero)."""
+        counts = {role: int((removed or {}).get(role, 0)) for role in PRUNED_TABLES}
+        self = super().__new__(cls, counts["jobs"])
+        self.removed = counts
+        self.partitions = tuple(partitions)
+        return self
+
+    @property
+    def total(self) -> int:
+        """Every row removed, from every table."""
+        return sum(self.removed.values())
+
+    def by_table(self, tables: QueueTables) -> dict[str, int]:
+        """:attr:`removed` keyed by ``tables``' table names instead of their roles."""
+        return {getattr(tables, role).name: count for role, count in self.removed.items()}
+
+    def __repr__(self) -> str:
+        return f"Pruned({self.removed!r})"
+
+
+def add_counts(into: dict[str, int], row: Any) -> None:
+    """Add the counts of a prune statement's ``row`` (a column per table role) to ``into``."""
+    for role, count in row._mapping.items():
+        into[role] = into.get(role, 0) + int(count or 0)
+
+
 @overload
 def prune(
     bind: SyncBind, tables: QueueTables, *, older_than: dt.timedelta, include_failed: bool
-) -> int: ...
+) -> Pruned: ...
 
 
 @overload
 def prune(
     bind: AsyncBind, tables: QueueTables, *, older_than: dt.timedelta, include_failed: bool
-) -> Coroutine[Any, Any, int]: ...
+) -> Coroutine[Any, Any, Pruned]: ...
 
 
 def prune(
     bind: AnyBind, tables: QueueTables, *, older_than: dt.timedelta, include_failed: bool
-) -> int | Coroutine[Any, Any, int]:
-    """Delete finished jobs older than ``older_than``; how many were deleted.
+) -> Pruned | Coroutine[Any, Any, Pruned]:
+    """Delete finished jobs older than ``older_than``, and what they leave behind; a
+    :class:`Pruned` (an ``int``: how many jobs were deleted, with the count per table).
 
-    Failed jobs go only with ``include_failed``. A negative age raises :class:`ValueError`
-    before anything is executed (see :func:`check_age`). See
+    Failed jobs go only with ``include_failed``. With the jobs go the unique keys they
+    hold and their durable steps and signals. Then, in the same transaction, the leftovers
+    of jobs pruned before or deleted by ``history="none"``: steps and signals whose job's
+    row is gone (once their newest is older than ``older_than``), and every workflow none
+    of whose jobs has a row any more, with its nodes and edges (see
+    :func:`~sqla_queue.statements.prune.prune_leftovers_statement`). A negative age raises
+    :class:`ValueError` before anything is executed (see :func:`check_age`). See
     :func:`~sqla_queue.statements.prune_statement`.
     """
     params: PruneParams = {
         "older_than": check_age(older_than),
         "include_failed": bool(include_failed),
     }
-    ids = scalars_each(bind, prune_statement(tables), [params])
-    if isinstance(ids, list):
-        return len(ids)
-    return _count(ids)
+    return run_flow(bind, _prune_flow(tables, params))
 
 
-async def _count(ids: Coroutine[Any, Any, list[Any]]) -> int:
-    return len(await ids)
+def _prune_flow(tables: QueueTables, params: PruneParams) -> Flow[Pruned]:
+    removed: dict[str, int] = {}
+    (row,) = yield prune_statement(tables), params
+    add_counts(removed, row)
+    yield from prune_leftovers_flow(tables, params["older_than"], removed)
+    return Pruned(removed)
+
+
+def prune_leftovers_flow(
+    tables: QueueTables, older_than: float, removed: dict[str, int]
+) -> Flow[None]:
+    """Delete what pruned jobs left behind, ``older_than`` seconds old or more (see
+    :func:`~sqla_queue.statements.prune.prune_leftovers_statement`); add the counts to
+    ``removed``. Every layout's prune runs it last, in the prune's transaction."""
+    leftovers: LeftoversParams = {"older_than": older_than}
+    (row,) = yield prune_leftovers_statement(tables), leftovers
+    add_counts(removed, row)
 
 
 def set_limit(bind: SyncBind, tables: QueueTables, task: str, limit: int | None) -> None:

@@ -100,18 +100,18 @@ def _runtime(task: Task[Any, Any]) -> TaskRuntime:
     )
 
 
-async def _jobs_of(report: Coroutine[Any, Any, history.PruneReport]) -> int:
-    return (await report).jobs
+async def _jobs_of(report: Coroutine[Any, Any, history.PruneReport]) -> admin.Pruned:
+    return (await report).pruned
 
 
 def _prune_partitions(
     session: Bind, tables: QueueTables, older_than: dt.timedelta, include_failed: bool
-) -> int | Coroutine[Any, Any, int]:
-    """Prune a partitioned history by dropping partitions; the number of jobs they held."""
+) -> admin.Pruned | Coroutine[Any, Any, admin.Pruned]:
+    """Prune a partitioned history by dropping partitions; what went, jobs and rows."""
     report = history.prune_history(
         session, tables, older_than=older_than, include_failed=include_failed
     )
-    return _jobs_of(report) if isinstance(report, Coroutine) else report.jobs
+    return _jobs_of(report) if isinstance(report, Coroutine) else report.pruned
 
 
 def _paused(session: Session | Connection, tables: QueueTables) -> list[str]:
@@ -400,7 +400,7 @@ class Queue(WorkflowMethods, RowLinks, DurableMethods):
         *,
         older_than: dt.timedelta,
         include_failed: bool = False,
-    ) -> int: ...
+    ) -> admin.Pruned: ...
 
     @overload
     def prune(
@@ -409,12 +409,14 @@ class Queue(WorkflowMethods, RowLinks, DurableMethods):
         *,
         older_than: dt.timedelta,
         include_failed: bool = False,
-    ) -> Coroutine[Any, Any, int]: ...
+    ) -> Coroutine[Any, Any, admin.Pruned]: ...
 
     def prune(
         self, session: Bind, *, older_than: dt.timedelta, include_failed: bool = False
-    ) -> int | Coroutine[Any, Any, int]:
-        """Delete finished jobs older than ``older_than``. See :func:`sqla_queue.admin.prune`."""
+    ) -> admin.Pruned | Coroutine[Any, Any, admin.Pruned]:
+        """Delete finished jobs older than ``older_than``, and what they leave behind in
+        every table; a :class:`~sqla_queue.admin.Pruned` (the number of jobs, with the rows
+        removed per table). See :func:`sqla_queue.admin.prune`."""
         if self.tables.history == HistoryLayout.PARTITIONED:
             return _prune_partitions(session, self.tables, older_than, include_failed)
         return admin.prune(

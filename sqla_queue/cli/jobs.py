@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from sqla_queue.admin import failed_jobs
+from sqla_queue.admin import Pruned, failed_jobs
 from sqla_queue.checks import INT8_MAX
 from sqla_queue.cli.loading import CliError
 from sqla_queue.cli.render import (
@@ -56,12 +56,14 @@ from sqla_queue.errors import (
 )
 from sqla_queue.history import prune_history
 from sqla_queue.listing import JobRow, list_jobs
+from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements.lifecycle import CancelOutcome
 
 __all__ = [
     "add_job_parsers",
     "error_summary",
     "format_until",
+    "prune_lines",
     "run_cancel",
     "run_failed",
     "run_jobs",
@@ -140,7 +142,11 @@ PRUNE_HELP = f"""\
 Delete finished jobs older than --older-than: succeeded and cancelled ones, and failed
 ones too with --include-failed (they wait for inspection and requeue otherwise). On a
 queue with partitioned history, whole partitions are dropped (or, with --detach,
-detached and kept as tables). Prints how many jobs went.
+detached and kept as tables). With the jobs go what they leave behind in every table,
+under the same age: the unique keys they hold, durable steps and signals (those of jobs
+that history="none" deleted too, once their newest is older than --older-than), and the
+workflows none of whose jobs is left, with their nodes and edges. Prints the rows
+removed from each table (--json: {{jobs, removed: {{table: rows}}, partitions}}).
 
 exit status:
   0  pruned (also when nothing was old enough)
@@ -197,6 +203,7 @@ def add_job_parsers(sub: Subparsers) -> None:
         action="store_true",
         help="partitioned history: detach old partitions (kept as tables) instead of dropping",
     )
+    add_json(prune)
 
 
 def _add_jobs_parser(sub: Subparsers) -> None:
@@ -532,6 +539,16 @@ def run_result(args: argparse.Namespace) -> int:
 # -- prune ----------------------------------------------------------------------------------
 
 
+def prune_lines(pruned: Pruned, tables: QueueTables, older_than: dt.timedelta) -> list[str]:
+    """What ``sqla-queue prune`` prints: a summary line, then one line per table (its
+    name and the rows it lost, zeros included), each within 80 columns."""
+    lines = [f"pruned {int(pruned)} finished job(s) older than {format_duration(older_than)}:"]
+    counts = pruned.by_table(tables)
+    width = max(len(name) for name in counts)
+    lines += [f"  {name:<{width}}  {count:>8} row(s)" for name, count in counts.items()]
+    return lines
+
+
 def run_prune(args: argparse.Namespace) -> int:
     """Run ``sqla-queue prune APP --older-than AGE``; returns the exit status."""
     with connected(args, begin=True) as (queue, connection):
@@ -546,11 +563,24 @@ def run_prune(args: argparse.Namespace) -> int:
                 )
             except ValueError as exc:  # --detach on a plain history: nothing was done
                 raise CliError(str(exc)) from None
-            count = report.jobs
-            say(f"detached {len(report.partitions)} partition(s): {list(report.partitions)}")
+            pruned = report.pruned
         else:
-            count = queue.prune(
+            pruned = queue.prune(
                 connection, older_than=args.older_than, include_failed=args.include_failed
             )
-    say(f"pruned {count} finished job(s) older than {format_duration(args.older_than)}")
+        tables = queue.tables
+    if args.json:
+        print_json(
+            {
+                "jobs": int(pruned),
+                "removed": pruned.by_table(tables),
+                "partitions": list(pruned.partitions),
+                "detached": bool(args.detach),
+            }
+        )
+        return EXIT_OK
+    if args.detach:
+        say(f"detached {len(pruned.partitions)} partition(s): {list(pruned.partitions)}")
+    for line in prune_lines(pruned, tables, args.older_than):
+        say(line)
     return EXIT_OK

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.sql import Executable
 
+from sqla_queue.admin import Pruned, add_counts, prune_leftovers_flow
 from sqla_queue.conversation import Flow
 from sqla_queue.history.layout import floor_to_interval, next_boundary, partition_name
 from sqla_queue.logic.times import EARLIEST_DUE
@@ -86,12 +87,20 @@ class MaintainReport:
 
 @dataclass(frozen=True)
 class PruneReport:
-    """What :func:`prune_flow` did: the partitions dropped or detached, and the jobs gone
-    with them (those of the default partitions included)."""
+    """What :func:`prune_flow` did: the partitions dropped or detached, the jobs gone
+    with them (those of the default partitions included), and the rows removed from each
+    table, by role (see :class:`~sqla_queue.admin.Pruned`; ``jobs`` counts the jobs of
+    detached partitions too, which left the queue)."""
 
     partitions: tuple[str, ...]
     jobs: int
     detached: bool
+    removed: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def pruned(self) -> Pruned:
+        """The same report as :meth:`Queue.prune <sqla_queue.Queue.prune>` gives it."""
+        return Pruned(self.removed, self.partitions)
 
 
 # A bound as pg_get_expr writes it: the local time, then the offset of the session's
@@ -256,7 +265,9 @@ def prune_flow(
     Failed jobs' partitions go only with ``include_failed``. A partition is pruned whole, so
     a job may outlive ``older_than`` by up to one interval. The unique keys that its jobs
     still hold are deleted first (a key whose job is gone is free, and would only take up
-    room). Returns the partitions and the count of jobs they held.
+    room), and so are their durable steps and signals; last, what earlier prunes left
+    behind (see :func:`~sqla_queue.admin.prune_leftovers_flow`). Returns the partitions,
+    the count of jobs they held and the rows removed from each table.
     """
     yield _lock_timeout()
     yield _serialize(names, wait=True)
@@ -270,17 +281,18 @@ def prune_flow(
     )
     branches = [names.done] + ([names.failed] if include_failed else [])
     pruned: list[str] = []
-    jobs = 0
+    removed: dict[str, int] = {}
     doomed = [
         p for p in existing if p.branch in branches and p.upper is not None and p.upper <= cutoff
     ]
     for partition in doomed:
         ((count,),) = yield count_partition_statement(names, partition.name), {}
-        yield free_partition_keys_statement(names, partition.name, tables), {}
-        jobs += int(count)
+        (freed,) = yield free_partition_keys_statement(names, partition.name, tables), {}
+        add_counts(removed, freed)
+        removed["jobs"] = removed.get("jobs", 0) + int(count)
     for branch in branches:
-        gone = yield prune_default_statement(names, branch, tables), {"cutoff": cutoff}
-        jobs += len(gone)
+        (gone,) = yield prune_default_statement(names, branch, tables), {"cutoff": cutoff}
+        add_counts(removed, gone)
     # The DDL comes last: dropping a partition locks its branch until the transaction
     # ends, and the workers' completions into that branch wait for it meanwhile.
     for partition in doomed:
@@ -289,4 +301,7 @@ def prune_flow(
         else:
             yield drop_partition_statement(names, partition.name), {}
         pruned.append(partition.name)
-    return PruneReport(tuple(pruned), jobs, detach)
+    # Last, what the pruned jobs (these and earlier ones) left behind: their workflows,
+    # and the steps and signals of jobs that the completion deleted (history="none").
+    yield from prune_leftovers_flow(tables, older_than, removed)
+    return PruneReport(tuple(pruned), removed.get("jobs", 0), detach, dict(removed))

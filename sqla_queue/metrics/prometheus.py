@@ -20,7 +20,13 @@ name                                      type       what
 ``sqla_queue_jobs_pending``               gauge      pending executions (scrape-time query)
 ``sqla_queue_jobs_running``               gauge      running executions (scrape-time query)
 ``sqla_queue_oldest_due_age_seconds``     gauge      age of the oldest due pending execution
+``sqla_queue_pruned_rows_total``          counter    rows a prune removed, label ``table``
 ========================================  =========  ==========================================
+
+``sqla_queue_pruned_rows_total`` is labelled by ``table`` (the table's name) instead:
+after each prune, pass its report to :meth:`PrometheusMetrics.pruned` (a process that
+prunes on a schedule reports what each run removed, jobs, keys, durable steps and
+signals, and workflows with their nodes and edges).
 
 The gauges come from :class:`QueueStatsCollector`: one bounded query per scrape (see
 :mod:`sqla_queue.metrics.stats`), enabled by :meth:`PrometheusMetrics.watch_queue` (or
@@ -41,6 +47,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
+from sqla_queue.admin import Pruned
 from sqla_queue.checks import is_whole_number
 from sqla_queue.logic.outcomes import ClaimedJob, OutcomeKind
 from sqla_queue.logic.payload import add_payload_hook, remove_payload_hook
@@ -174,6 +181,13 @@ class PrometheusMetrics:
             registry=self.registry,
             buckets=tuple(wait_buckets),
         )
+        self.pruned_rows = Counter(
+            "pruned_rows_total",
+            "Rows removed by prune, per table.",
+            ["table"],
+            namespace=namespace,
+            registry=self.registry,
+        )
         self._tasks: dict[str, _TaskMetrics] = {}
         self._lock = threading.Lock()
         self._collectors: list[QueueStatsCollector] = []
@@ -232,6 +246,17 @@ class PrometheusMetrics:
         """
         if task is not None:
             self.enqueued(task)
+
+    # -- prune -------------------------------------------------------------------------------
+
+    def pruned(self, report: Pruned, tables: QueueTables) -> None:
+        """Count what one prune removed (``queue.prune``'s report), per table of ``tables``.
+
+        Every table a prune touches gets its child, at zero if nothing left it, so a
+        dashboard shows the series from the first prune on.
+        """
+        for name, count in report.by_table(tables).items():
+            self.pruned_rows.labels(name).inc(count)
 
     # -- gauges ------------------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ from typing import Any, TypedDict
 from sqlalchemy import (
     BigInteger,
     Boolean,
-    CompoundSelect,
     Double,
     Select,
     any_,
@@ -21,14 +20,12 @@ from sqlalchemy import (
     exists,
     false,
     func,
-    literal_column,
     null,
     select,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.sql.elements import ColumnElement
 
 from sqla_queue.models.tables import JobStatus, QueueTables
 from sqla_queue.statements._common import DONE, FAILED, QUEUED, seconds, state_literal
@@ -170,13 +167,16 @@ def failed_jobs_statement(tables: QueueTables) -> Select[*tuple[Any, ...]]:
     )
 
 
-def prune_statement(tables: QueueTables) -> CompoundSelect[tuple[int]]:
-    """Delete finished jobs older than ``older_than`` seconds; returns their ids.
+def prune_statement(tables: QueueTables) -> Select[Any]:
+    """Delete finished jobs older than ``older_than`` seconds; one row of counts.
 
     Parameters: :class:`PruneParams`. Only succeeded and cancelled jobs go; failed ones stay
     for inspection unless ``include_failed`` is true. The unique keys those jobs still hold
     go with them (a key whose holder is gone is free anyway; this keeps the table small),
-    and so do a durable job's committed steps and signals.
+    and so do a durable job's committed steps and signals. The row counts what left each
+    table: ``jobs``, ``unique_keys``, ``job_steps`` and ``job_signals``. What outlives its
+    job's row otherwise (workflows, steps of jobs deleted by ``history="none"``) is
+    :func:`~sqla_queue.statements.prune.prune_leftovers_statement`'s.
     """
     jobs = tables.jobs
     keys = tables.unique_keys
@@ -213,11 +213,14 @@ def prune_statement(tables: QueueTables) -> CompoundSelect[tuple[int]]:
         .returning(signals.c.job_id)
         .cte("signals_gone")
     )
-    # The other CTEs are not read; PostgreSQL runs them regardless, and the false branches
-    # keep SQLAlchemy from dropping them.
-    never: ColumnElement[bool] = literal_column("false")
-    return select(pruned.c.id).union_all(
-        select(freed.c.job_id).where(never),
-        select(steps_gone.c.job_id).where(never),
-        select(signals_gone.c.job_id).where(never),
+    return select(
+        *(
+            select(func.count()).select_from(cte).scalar_subquery().label(role)
+            for role, cte in (
+                ("jobs", pruned),
+                ("unique_keys", freed),
+                ("job_steps", steps_gone),
+                ("job_signals", signals_gone),
+            )
+        )
     )

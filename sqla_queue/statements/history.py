@@ -147,33 +147,43 @@ def free_partition_keys_statement(
     names: HistoryNames, partition: str, tables: QueueTables
 ) -> TextClause:
     """Delete the unique keys that the jobs of ``partition`` hold, and the committed steps
-    and signals of its durable jobs (schema version 7)."""
+    and signals of its durable jobs (schema version 7); one row, a count per table role
+    (``unique_keys``, ``job_steps``, ``job_signals``)."""
     q = names.qualified
     return text(
         f"WITH keys AS (DELETE FROM {q(tables.unique_keys.name)} k USING {q(partition)} j "
-        "WHERE j.unique_key IS NOT NULL AND k.job_id = j.id), "
+        "WHERE j.unique_key IS NOT NULL AND k.job_id = j.id RETURNING 1), "
         f"steps AS (DELETE FROM {q(tables.job_steps.name)} s USING {q(partition)} j "
-        "WHERE s.job_id = j.id) "
-        f"DELETE FROM {q(tables.job_signals.name)} g USING {q(partition)} j "
-        "WHERE g.job_id = j.id"
+        "WHERE s.job_id = j.id RETURNING 1), "
+        f"signals AS (DELETE FROM {q(tables.job_signals.name)} g USING {q(partition)} j "
+        "WHERE g.job_id = j.id RETURNING 1) "
+        f"{_COUNTS}"
     )
+
+
+# The counts of the three CTEs that every prune of a partition's jobs deletes with them.
+_COUNTS = (
+    "SELECT (SELECT count(*) FROM keys) AS unique_keys, "
+    "(SELECT count(*) FROM steps) AS job_steps, "
+    "(SELECT count(*) FROM signals) AS job_signals"
+)
 
 
 def prune_default_statement(names: HistoryNames, branch: str, tables: QueueTables) -> TextClause:
     """Delete the jobs of ``branch``'s default partition that finished before ``cutoff``
-    (bound), the unique keys they hold and their durable steps and signals; one ``id`` per
-    job deleted."""
+    (bound), the unique keys they hold and their durable steps and signals; one row, a
+    count per table role (``jobs``, ``unique_keys``, ``job_steps``, ``job_signals``)."""
     q = names.qualified
     return text(
         f"WITH gone AS (DELETE FROM {q(names.default_of(branch))} WHERE finished_at < :cutoff "
         "RETURNING id, unique_key), "
-        f"freed AS (DELETE FROM {q(tables.unique_keys.name)} k USING gone "
-        "WHERE gone.unique_key IS NOT NULL AND k.job_id = gone.id), "
+        f"keys AS (DELETE FROM {q(tables.unique_keys.name)} k USING gone "
+        "WHERE gone.unique_key IS NOT NULL AND k.job_id = gone.id RETURNING 1), "
         f"steps AS (DELETE FROM {q(tables.job_steps.name)} s USING gone "
-        "WHERE s.job_id = gone.id), "
+        "WHERE s.job_id = gone.id RETURNING 1), "
         f"signals AS (DELETE FROM {q(tables.job_signals.name)} g USING gone "
-        "WHERE g.job_id = gone.id) "
-        "SELECT id FROM gone"
+        "WHERE g.job_id = gone.id RETURNING 1) "
+        f"{_COUNTS}, (SELECT count(*) FROM gone) AS jobs"
     )
 
 

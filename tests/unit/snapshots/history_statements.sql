@@ -44,10 +44,10 @@ SELECT greatest(now() - make_interval(secs => %(age)s), %(earliest)s::TIMESTAMP 
 SELECT count(*) FROM app.q_jobs_done_p2026120300
 
 -- free_partition_keys
-WITH keys AS (DELETE FROM app.q_unique_keys k USING app.q_jobs_done_p2026120300 j WHERE j.unique_key IS NOT NULL AND k.job_id = j.id), steps AS (DELETE FROM app.q_job_steps s USING app.q_jobs_done_p2026120300 j WHERE s.job_id = j.id) DELETE FROM app.q_job_signals g USING app.q_jobs_done_p2026120300 j WHERE g.job_id = j.id
+WITH keys AS (DELETE FROM app.q_unique_keys k USING app.q_jobs_done_p2026120300 j WHERE j.unique_key IS NOT NULL AND k.job_id = j.id RETURNING 1), steps AS (DELETE FROM app.q_job_steps s USING app.q_jobs_done_p2026120300 j WHERE s.job_id = j.id RETURNING 1), signals AS (DELETE FROM app.q_job_signals g USING app.q_jobs_done_p2026120300 j WHERE g.job_id = j.id RETURNING 1) SELECT (SELECT count(*) FROM keys) AS unique_keys, (SELECT count(*) FROM steps) AS job_steps, (SELECT count(*) FROM signals) AS job_signals
 
 -- prune_default
-WITH gone AS (DELETE FROM app.q_jobs_done_default WHERE finished_at < %(cutoff)s RETURNING id, unique_key), freed AS (DELETE FROM app.q_unique_keys k USING gone WHERE gone.unique_key IS NOT NULL AND k.job_id = gone.id), steps AS (DELETE FROM app.q_job_steps s USING gone WHERE s.job_id = gone.id), signals AS (DELETE FROM app.q_job_signals g USING gone WHERE g.job_id = gone.id) SELECT id FROM gone
+WITH gone AS (DELETE FROM app.q_jobs_done_default WHERE finished_at < %(cutoff)s RETURNING id, unique_key), keys AS (DELETE FROM app.q_unique_keys k USING gone WHERE gone.unique_key IS NOT NULL AND k.job_id = gone.id RETURNING 1), steps AS (DELETE FROM app.q_job_steps s USING gone WHERE s.job_id = gone.id RETURNING 1), signals AS (DELETE FROM app.q_job_signals g USING gone WHERE g.job_id = gone.id RETURNING 1) SELECT (SELECT count(*) FROM keys) AS unique_keys, (SELECT count(*) FROM steps) AS job_steps, (SELECT count(*) FROM signals) AS job_signals, (SELECT count(*) FROM gone) AS jobs
 
 -- detach_partition
 ALTER TABLE app.q_jobs_done DETACH PARTITION app.q_jobs_done_p2026120300
