@@ -1,4 +1,16 @@
-"""Heartbeat and reclaim: how a worker proves it is alive, and how others notice it is not."""
+"""Heartbeat and reclaim: how a worker proves it is alive, and how others notice it is not.
+
+A worker is alive while its own row in the workers table is fresh: the heartbeat stamps
+``seen_at`` there with the time of the write (``clock_timestamp()``, not the start of a
+transaction that may have waited). No statement the library runs in a caller's transaction
+ever locks that row, so no application transaction can hold a live worker's beat back.
+
+The heartbeat also stamps ``alive_at`` on the executions it can lock at once (``SKIP
+LOCKED``: a row a caller holds is skipped, never waited for) and reads, without a lock, which
+of its executions are still its own and which were asked to cancel. A reclaim takes an
+execution only when both clocks are stale: its own ``alive_at`` and its worker's row (or the
+row is gone). A worker whose rows a caller locks for minutes therefore keeps its jobs.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +21,13 @@ from sqlalchemy import (
     BigInteger,
     CompoundSelect,
     Integer,
+    Select,
+    Text,
     Uuid,
     all_,
     bindparam,
     delete,
+    exists,
     false,
     func,
     null,
@@ -22,8 +37,7 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.sql.dml import ReturningUpdate
+from sqlalchemy.dialects.postgresql import ARRAY, insert
 
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements._common import (
@@ -40,9 +54,16 @@ __all__ = ["HeartbeatParams", "ReclaimParams", "heartbeat_statement", "reclaim_s
 
 
 class HeartbeatParams(TypedDict):
-    """Parameters of the heartbeat: the (id, attempt) pairs held, as two arrays."""
+    """Parameters of the heartbeat: the worker (what its row holds, for the first beat,
+    which inserts it) and the (id, attempt) pairs held, as two arrays."""
 
     worker: uuid.UUID
+    hostname: str
+    pid: int
+    #: The tasks the worker claims (``text[]``).
+    tasks: list[str]
+    #: Its handler seats.
+    concurrency: int
     ids: list[int]
     attempts: list[int]
 
@@ -54,29 +75,64 @@ class ReclaimParams(TypedDict):
     held: list[int]
 
 
-def heartbeat_statement(tables: QueueTables) -> ReturningUpdate[Any]:
-    """Refresh ``alive_at`` of the executions this worker is actually running.
+def heartbeat_statement(tables: QueueTables) -> Select[Any]:
+    """Prove the worker alive, and learn which of its executions are still its own.
 
-    Parameters: ``worker``, ``ids`` (bigint[]) and ``attempts`` (int[]), pairwise. The
-    (id, attempt) fence means a heartbeat never revives an execution that was reclaimed and
-    claimed again. Returns ``(id, cancel_requested)`` of those still held; the rest were
-    lost. The flag is how a cancel reaches the worker: no statement of its own.
+    Parameters: :class:`HeartbeatParams`. One statement, which never waits for a lock:
+
+    * the worker's row gets ``seen_at = clock_timestamp()`` (inserted by the first beat,
+      with ``hostname``, ``pid``, ``tasks`` and ``concurrency``): this is what keeps every
+      execution of the worker from being reclaimed, whatever else holds them;
+    * each held execution that no one else has locked gets ``alive_at`` stamped the same
+      way (``SKIP LOCKED``: one a caller's transaction holds is left as it is);
+    * it returns ``(id, cancel_requested)`` of the held executions still running under
+      this worker and attempt, read without a lock. The (worker, id, attempt) fence means a
+      beat never revives an execution that was reclaimed and claimed again; the ids it
+      does not return were lost. The flag is how a cancel reaches the worker.
     """
     ex = tables.executions
+    w = tables.workers
+    worker = bindparam("worker", type_=Uuid)
     held = select(
         func.unnest(bindparam("ids", type_=ARRAY(BigInteger))),
         func.unnest(bindparam("attempts", type_=ARRAY(Integer))),
     )
-    return (
-        update(ex)
-        .where(
-            ex.c.worker_id == bindparam("worker", type_=Uuid),
-            still_running(ex.c.state),
-            tuple_(ex.c.id, ex.c.attempt).in_(held),
-        )
-        .values(alive_at=func.now())
-        .returning(ex.c.id, ex.c.cancel_requested)
+    fence = (
+        ex.c.worker_id == worker,
+        still_running(ex.c.state),
+        tuple_(ex.c.id, ex.c.attempt).in_(held),
     )
+    row = insert(w).values(
+        worker_id=worker,
+        hostname=bindparam("hostname", type_=Text),
+        pid=bindparam("pid", type_=Integer),
+        tasks=bindparam("tasks", type_=ARRAY(Text)),
+        concurrency=bindparam("concurrency", type_=Integer),
+        started_at=func.now(),
+        seen_at=func.clock_timestamp(),
+    )
+    beat = (
+        row.on_conflict_do_update(
+            index_elements=[w.c.worker_id], set_={"seen_at": func.clock_timestamp()}
+        )
+        .returning(w.c.worker_id)
+        .cte("beat")
+    )
+    # NO KEY UPDATE, as the stamp's UPDATE takes; SKIP LOCKED: a locked row waits for
+    # nobody's commit, the worker's row above keeps it from being reclaimed.
+    free = (
+        select(ex.c.id).where(*fence).with_for_update(of=ex, key_share=True, skip_locked=True)
+    ).cte("free")
+    stamped = (
+        update(ex)
+        .where(ex.c.id == free.c.id)
+        .values(alive_at=func.clock_timestamp())
+        .returning(ex.c.id)
+        .cte("stamped")
+    )
+    # PostgreSQL runs every data-modifying CTE whether or not it is read; add_cte keeps
+    # SQLAlchemy from dropping the two that nothing selects from.
+    return select(ex.c.id, ex.c.cancel_requested).where(*fence).add_cte(beat, stamped)
 
 
 def reclaim_statement(tables: QueueTables) -> CompoundSelect[Any]:
@@ -92,6 +148,11 @@ def reclaim_statement(tables: QueueTables) -> CompoundSelect[Any]:
     pending (``ended_node`` false), and ``(id, NULL, NULL, NULL, true)`` for each workflow
     node it cancelled, whose dependents the caller advances before it commits.
 
+    An execution is stale only when both of its clocks are: its own ``alive_at`` (which a
+    beat skips while a caller locks the row) and its worker's ``seen_at`` in the workers
+    table (which no caller's transaction can hold back), or the worker has no row (it was
+    expired, or it never beat). Each is compared with the execution's lease.
+
     The walk is ``running_ix``: running rows only, as many as the workers' concurrency,
     never the backlog. Rows are locked with SKIP LOCKED, so no reclaimer ever waits, and
     no lock order is needed: none of them can deadlock. The lock is NO KEY UPDATE, which an
@@ -99,11 +160,15 @@ def reclaim_statement(tables: QueueTables) -> CompoundSelect[Any]:
     """
     ex = tables.executions
     jobs = tables.jobs
+    w = tables.workers
+    lease_start = func.now() - seconds(ex.c.lease_seconds)
+    worker_alive = exists().where(w.c.worker_id == ex.c.worker_id, w.c.seen_at >= lease_start)
     stale = (
         select(ex.c.id, ex.c.cancel_requested, ex.c.queue_id)
         .where(
             ex.c.state == RUNNING,
-            ex.c.alive_at < func.now() - seconds(ex.c.lease_seconds),
+            ex.c.alive_at < lease_start,
+            ~worker_alive,
             ex.c.id != all_(bindparam("held", type_=ARRAY(BigInteger))),
         )
         .with_for_update(skip_locked=True, key_share=True)

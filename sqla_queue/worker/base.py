@@ -276,7 +276,8 @@ class WorkerBase:
         self, decider: Decider, engine: Engine
     ) -> tuple[HandlerPool, Heartbeater, Listener | None]:
         pool = HandlerPool(self.settings.concurrency)
-        heartbeater = Heartbeater(decider, engine, decider.heartbeat_interval)
+        farewell = (decider.statements.unregister, {"worker_id": decider.worker_id})
+        heartbeater = Heartbeater(decider, engine, decider.heartbeat_interval, farewell=farewell)
         heartbeater.start()
         self._services = [] if decider.burst else self._new_services(decider, engine)
         for service in self._services:

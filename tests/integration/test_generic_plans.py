@@ -242,6 +242,10 @@ def test_completion_and_heartbeat_reach_executions_by_primary_key(
                 "worker": worker,
                 "ids": [row.id for row in claimed],
                 "attempts": [row.attempt for row in claimed],
+                "hostname": "host",
+                "pid": 1,
+                "tasks": ["noop"],
+                "concurrency": 10,
             },
         ),
     }

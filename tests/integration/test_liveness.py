@@ -85,8 +85,14 @@ def test_late_completion_of_a_reclaimed_job_is_fenced_off(
     and finishes it; A's late result must not overwrite B's."""
     with SessionLocal.begin() as session:
         job_id = slow_first.enqueue(session, seconds=3.0)
+    # Neither A's heartbeat nor its registry (which beats at the maintenance interval,
+    # at most every 5 s) stamps its row again before B looks.
     worker_a = queue.worker(
-        SessionLocal, tasks=["slow_first"], heartbeat_interval=60, install_signal_handlers=False
+        SessionLocal,
+        tasks=["slow_first"],
+        heartbeat_interval=60,
+        reclaim_interval=60,
+        install_signal_handlers=False,
     )
     with worker_thread(worker_a) as stats_a:
         wait_for(lambda: _state(SessionLocal, job_id) == "running")
@@ -133,17 +139,22 @@ def test_heartbeat_of_a_reclaimed_execution_changes_nothing(
             connection, job_id, attempt=2, alive_for=dt.timedelta(hours=1), lease_seconds=None
         )
         stale = statements.heartbeat_statement(queue.tables)
-        # The old owner (attempt 1) and a wrong attempt of the new owner both miss.
-        assert (
-            connection.execute(stale, {"worker": old, "ids": [job_id], "attempts": [1]}).all() == []
-        )
-        assert (
-            connection.execute(stale, {"worker": new, "ids": [job_id], "attempts": [1]}).all() == []
-        )
-        # The holder's own beat returns the id, with no cancel request.
-        assert connection.execute(
-            stale, {"worker": new, "ids": [job_id], "attempts": [2]}
-        ).all() == [(job_id, False)]
+
+        def beat(worker: uuid.UUID, attempt: int) -> list[object]:
+            params = {"worker": worker, "ids": [job_id], "attempts": [attempt]}
+            params |= {"hostname": "h", "pid": 1, "tasks": ["sleepy"], "concurrency": 1}
+            return list(connection.execute(stale, params).all())
+
+        alive = select(EX.c.alive_at).where(EX.c.id == job_id)
+        before = connection.scalar(alive)
+        # The old owner (attempt 1) and a wrong attempt of the new owner both miss, and
+        # neither moves the execution's clock.
+        assert beat(old, 1) == []
+        assert beat(new, 1) == []
+        assert connection.scalar(alive) == before
+        # The holder's own beat returns the id, with no cancel request, and stamps it.
+        assert beat(new, 2) == [(job_id, False)]
+        assert connection.scalar(alive) != before
 
 
 def test_a_worker_transaction_left_idle_is_ended_by_the_server(engine: Engine) -> None:

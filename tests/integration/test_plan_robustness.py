@@ -181,6 +181,10 @@ def _measure(engine: Engine) -> dict[tuple[str, bool], list[str]]:
                     "worker": worker,
                     "ids": [row.id for row in claimed],
                     "attempts": [row.attempt for row in claimed],
+                    "hostname": "host",
+                    "pid": 1,
+                    "tasks": ["noop"],
+                    "concurrency": 10,
                 },
                 conn,
             )

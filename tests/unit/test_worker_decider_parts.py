@@ -7,7 +7,9 @@ held to its one job with a fake wall clock, a seeded generator and hand-made row
 from __future__ import annotations
 
 import datetime as dt
+import os
 import random
+import socket
 import threading
 import uuid
 from types import SimpleNamespace
@@ -360,7 +362,11 @@ def test_the_heartbeat_covers_running_and_unacked_executions() -> None:
     jobs.add(running(1))
     buffer.add(done(2))
     assert live.held() == ([1, 2], [1, 1])
-    assert live.heartbeat_params() == {"worker": WORKER, "ids": [1, 2], "attempts": [1, 1]}
+    params = live.heartbeat_params()
+    assert params is not None
+    assert (params["worker"], params["ids"], params["attempts"]) == (WORKER, [1, 2], [1, 1])
+    # What the first beat inserts into the worker's row, which keeps the worker alive.
+    assert params["pid"] == os.getpid() and params["hostname"] == socket.gethostname()
 
 
 def test_a_heartbeat_tells_lost_and_cancelled_handlers_once() -> None:

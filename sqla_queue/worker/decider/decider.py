@@ -132,7 +132,14 @@ class Decider:
         self.keys = KeyPromotion(self._lock, built.clear_done, built.promote, self.pacer)
         self.buffer = OutcomeBuffer(settings.ack_delay, settings.claim_batch)
         self.jobs = RunningJobs()
-        self.liveness = Liveness(self._lock, self.jobs, self.buffer, self.worker_id)
+        self.liveness = Liveness(
+            self._lock,
+            self.jobs,
+            self.buffer,
+            self.worker_id,
+            tasks=plan.task_names,
+            concurrency=settings.concurrency,
+        )
         self.intake = Intake(plan, self.worker_id, self.clock)
         self.maintenance = Maintenance(
             built,

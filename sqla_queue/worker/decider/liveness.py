@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import uuid
 from collections.abc import Iterable, Sequence
@@ -28,11 +30,18 @@ class Liveness:
         jobs: RunningJobs,
         buffer: OutcomeBuffer,
         worker_id: uuid.UUID,
+        *,
+        tasks: Sequence[str] = (),
+        concurrency: int = 1,
     ) -> None:
         self._lock = lock
         self._jobs = jobs
         self._buffer = buffer
         self._worker_id = worker_id
+        # What the worker's row holds when the first beat inserts it.
+        self._tasks = list(tasks)
+        self._concurrency = concurrency
+        self._hostname = socket.gethostname()
 
     def held(self) -> tuple[list[int], list[int]]:
         """(ids, attempts) of the executions this process runs or has yet to ack."""
@@ -45,7 +54,15 @@ class Liveness:
         ids, attempts = self.held()
         if not ids:
             return None
-        return HeartbeatParams(worker=self._worker_id, ids=ids, attempts=attempts)
+        return HeartbeatParams(
+            worker=self._worker_id,
+            hostname=self._hostname,
+            pid=os.getpid(),
+            tasks=self._tasks,
+            concurrency=self._concurrency,
+            ids=ids,
+            attempts=attempts,
+        )
 
     def mark_lost(self, sent: Iterable[int], still_held: Iterable[int]) -> None:
         """A heartbeat found some executions no longer ours: they were reclaimed."""

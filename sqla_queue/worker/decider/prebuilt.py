@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import CompoundSelect, Select, TextClause
+from sqlalchemy import CompoundSelect, Delete, Select, TextClause
 from sqlalchemy.sql.dml import ReturningDelete, ReturningUpdate
 
 from sqla_queue import statements
@@ -16,6 +16,7 @@ from sqla_queue.statements.controls import (
     rate_backlog_statement,
     rate_lock_statement,
 )
+from sqla_queue.statements.registry import unregister_worker_statement
 
 __all__ = ["WorkerStatements"]
 
@@ -37,7 +38,9 @@ class WorkerStatements:
     controls: Select[Any]
     limits: Select[str]
     complete: CompoundSelect[int]
-    heartbeat: ReturningUpdate[Any]
+    heartbeat: Select[Any]
+    #: Deletes the worker's row, when its last beat is over.
+    unregister: Delete
     reclaim: CompoundSelect[Any]
     promote: ReturningUpdate[tuple[int]]
     cleanup: ReturningDelete[tuple[str]]
@@ -63,6 +66,7 @@ class WorkerStatements:
             limits=statements.limited_tasks_statement(tables),
             complete=statements.complete_statement(tables),
             heartbeat=statements.heartbeat_statement(tables),
+            unregister=unregister_worker_statement(tables),
             reclaim=statements.reclaim_statement(tables),
             promote=statements.promote_statement(tables),
             cleanup=statements.cleanup_statement(tables),

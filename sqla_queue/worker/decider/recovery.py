@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from sqla_queue.errors import WorkerStoppedError
 from sqla_queue.logic.outcomes import outcome_unwritable
+from sqla_queue.logic.quoting import short_error
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.worker.actions import Action, Flush, claims
 from sqla_queue.worker.decider.acks import OutcomeBuffer
@@ -89,12 +90,14 @@ class Recovery:
                 "database error during %s while stopping (%s); giving up: the jobs this "
                 "worker still holds return to the queue after their lost interval",
                 doing,
-                exc,
+                short_error(exc),
             )
             shutdown.give_up = True
             return 0.0
         delay = min(MAX_ERROR_BACKOFF, 0.1 * 2.0 ** min(self.errors_in_row - 1, 10))
-        log.warning("database error during %s (retrying in %.1fs): %s", doing, delay, exc)
+        log.warning(
+            "database error during %s (retrying in %.1fs): %s", doing, delay, short_error(exc)
+        )
         self._pacer.next_poll = now + delay
         return delay
 
