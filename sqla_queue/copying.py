@@ -30,7 +30,8 @@ and so does a role without ``USAGE`` on the identity sequence (an explicit ``nex
 needs it, the identity default does not): step 1 then reserves nothing, and the same flow
 writes the batch by the statement instead, in the same transaction. The execution option
 ``sqla_queue_copy=False`` (on an engine, a connection or a session's connection) turns the
-COPY road off.
+COPY road off; :func:`copy_option` says which values it takes (a value that means
+neither raises an error before anything is written).
 
 The conversation is written once (:func:`copy_flow`, without I/O) and driven like every
 other flow (:func:`sqla_queue.conversation.run_flow`); the COPY is a
@@ -85,6 +86,7 @@ __all__ = [
     "CopyRows",
     "copy_flow",
     "copy_names",
+    "copy_option",
     "copy_usable",
     "copy_wanted",
 ]
@@ -165,17 +167,60 @@ def _dialect_and_options(bind: AnyBind) -> tuple[Dialect, Mapping[str, Any]] | N
     return found.dialect, found.get_execution_options()
 
 
+# The spellings of the option that a configuration file or an environment variable gives.
+_ON = frozenset({"true", "on", "yes", "1"})
+_OFF = frozenset({"false", "off", "no", "0"})
+
+
+def copy_option(options: Mapping[str, Any]) -> bool:
+    """Whether the execution options ``options`` leave the COPY road on.
+
+    :data:`COPY_OPTION` absent: on. Its value is ``True`` or ``False``, or one that says
+    the same without doubt: ``1`` or ``0``, or a string ``"true"``/``"false"``,
+    ``"on"``/``"off"``, ``"yes"``/``"no"``, ``"1"``/``"0"`` (any case, spaces around
+    ignored), as a configuration file would give it. Anything else (``None``, ``2``, a
+    float, ``"disabled"``) raises :class:`TypeError` or :class:`ValueError` naming the
+    option and what it takes, before anything is written: a value read as "on" where its
+    writer meant "off" would leave COPY on without a word.
+    """
+    if COPY_OPTION not in options:
+        return True
+    value = options[COPY_OPTION]
+    if isinstance(value, bool):
+        return value
+    takes = "True (COPY on, the default) or False (COPY off)"
+    if isinstance(value, int):
+        if value in (0, 1):
+            return bool(value)
+        raise ValueError(f"the execution option {COPY_OPTION} takes {takes}, got {value!r}")
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _ON | _OFF:
+            return word in _ON
+        raise ValueError(
+            f"the execution option {COPY_OPTION} takes {takes}, or one of the strings "
+            f"{', '.join(sorted(_ON | _OFF))}; got {value!r}"
+        )
+    hint = " (leave the option out for the default)" if value is None else ""
+    raise TypeError(f"the execution option {COPY_OPTION} takes {takes}, got {value!r}{hint}")
+
+
 def _psycopg_allowed(dialect: Dialect, options: Mapping[str, Any]) -> bool:
-    return dialect.driver == "psycopg" and options.get(COPY_OPTION, True) is not False
+    return copy_option(options) and dialect.driver == "psycopg"
 
 
 def copy_wanted(bind: AnyBind, specs: Sequence[JobSpec]) -> bool:
     """Whether ``specs`` (no unique key among them) should go by COPY on ``bind``: enough
-    of them, none with a ``queue_id``, and a psycopg driver with the option not off."""
+    of them, none with a ``queue_id``, and a psycopg driver with the option not off.
+
+    The option is checked first, whatever the batch (see :func:`copy_option`): a value
+    that means nothing raises before anything is written.
+    """
+    found = _dialect_and_options(bind)
+    allowed = found is not None and _psycopg_allowed(*found)
     if len(specs) < COPY_MIN_ROWS or any(spec.options.queue_id is not None for spec in specs):
         return False
-    found = _dialect_and_options(bind)
-    return found is not None and _psycopg_allowed(*found)
+    return allowed
 
 
 def copy_usable(connection: Connection | AsyncConnection) -> bool:
