@@ -25,6 +25,7 @@ __all__ = [
     "cancel_undecided_statement",
     "cancel_workflow_statement",
     "lock_ruled_out_statement",
+    "lock_undecided_statement",
     "lock_workflows_of_statement",
     "released_queued_statement",
     "resume_statement",
@@ -101,6 +102,23 @@ def cancel_workflow_statement(tables: QueueTables) -> ReturningUpdate[Any]:
         .where(w.c.id == _workflow_id())
         .values(cancelled_at=func.coalesce(w.c.cancelled_at, func.now()))
         .returning(w.c.id)
+    )
+
+
+def lock_undecided_statement(tables: QueueTables) -> Select[Any]:
+    """Lock the undecided nodes of workflow ``wf`` in id order; their ids.
+
+    The order in which a release locks the nodes it decides
+    (:func:`~sqla_queue.statements.release.lock_nodes_statement`): a cancel of the
+    workflow and a completion that releases its nodes never wait for each other in a
+    circle over them. Run before :func:`cancel_undecided_statement`.
+    """
+    nodes = tables.workflow_nodes
+    return (
+        select(nodes.c.job_id)
+        .where(nodes.c.workflow_id == _workflow_id(), nodes.c.state.in_(_UNDECIDED))
+        .order_by(nodes.c.job_id)
+        .with_for_update(of=nodes)
     )
 
 

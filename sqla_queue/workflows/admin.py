@@ -7,15 +7,20 @@ once, so that no worker waits for the caller's transaction.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import random
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from sqla_queue._binds import own_async_connection, own_connection, tables_for
+from sqla_queue._sqlstate import SERIALIZATION_FAILURE, sqlstate_of
 from sqla_queue.admin import check_job_ids
 from sqla_queue.conversation import Flow, Step, drive, drive_async
 from sqla_queue.errors import WorkflowNotFoundError
@@ -25,6 +30,7 @@ from sqla_queue.statements.workflow_admin import (
     cancel_nodes_statement,
     cancel_undecided_statement,
     cancel_workflow_statement,
+    lock_undecided_statement,
     released_queued_statement,
     workflow_edges_statement,
     workflow_nodes_statement,
@@ -33,6 +39,8 @@ from sqla_queue.statements.workflow_admin import (
 from sqla_queue.workflows.advance import ReleaseStatements, advance_flow
 
 __all__ = [
+    "CANCEL_ATTEMPTS",
+    "CANCEL_LOCK_TIMEOUT",
     "NodeStatus",
     "WorkflowStatus",
     "cancel_jobs_flow",
@@ -44,6 +52,11 @@ __all__ = [
 
 #: Longest wait, in seconds, of a workflow's cancel for a row lock.
 CANCEL_LOCK_TIMEOUT = 10
+#: ``deadlock detected``: PostgreSQL rolled the transaction back to break a lock cycle.
+DEADLOCK_DETECTED = "40P01"
+#: How many times a workflow's cancel runs its transaction when PostgreSQL rolls it back
+#: to break a deadlock, before it lets the error through.
+CANCEL_ATTEMPTS = 20
 
 
 def header_dict(workflow: Any) -> dict[str, Any]:
@@ -250,19 +263,15 @@ def cancel_jobs_flow(
     return outcomes
 
 
-def cancel_workflow_flow(
-    tables: QueueTables, release: ReleaseStatements, workflow_id: int
-) -> Flow[dict[str, int]]:
-    """Cancel ``workflow_id``; ``{"cancelled": jobs ended, "requested": running ones asked
-    to stop}``. :class:`~sqla_queue.errors.WorkflowNotFoundError` if it does not exist."""
-    params = {"wf": workflow_id}
-    if not (yield Step(cancel_workflow_statement(tables), params)):
-        raise WorkflowNotFoundError(
-            f"no workflow {workflow_id} in this queue", workflow_id=workflow_id
-        )
-    # A statement of its own: it sees what a requeue that held the row committed.
-    ended = [row[0] for row in (yield Step(cancel_undecided_statement(tables), params))]
-    queued = [row[0] for row in (yield Step(released_queued_statement(tables), params))]
+def _cancel_released_flow(
+    tables: QueueTables, params: dict[str, int], seen: set[int]
+) -> Flow[tuple[list[int], int]]:
+    """Cancel the queued jobs of ``wf``'s released nodes not in ``seen`` (added to it);
+    ``(ids cancelled, how many running ones were asked to stop)``."""
+    rows = yield Step(released_queued_statement(tables), params)
+    queued = [row[0] for row in rows if row[0] not in seen]
+    seen.update(queued)
+    ended: list[int] = []
     requested = 0
     if queued:
         for job_id, outcome in (yield Step(cancel_statement(tables), {"ids": queued})):
@@ -270,9 +279,50 @@ def cancel_workflow_flow(
                 ended.append(job_id)
             elif outcome == CancelOutcome.REQUESTED:
                 requested += 1
+    return ended, requested
+
+
+def cancel_workflow_flow(
+    tables: QueueTables, release: ReleaseStatements, workflow_id: int
+) -> Flow[dict[str, int]]:
+    """Cancel ``workflow_id``; ``{"cancelled": jobs ended, "requested": running ones asked
+    to stop}``. :class:`~sqla_queue.errors.WorkflowNotFoundError` if it does not exist.
+
+    Locks are taken in the order a completion takes them: the released jobs' executions
+    and rows first, then the undecided nodes in id order (as a release locks the nodes it
+    decides). A completion that releases a node while the cancel waits for its job is
+    seen by a second look at the released jobs, after the nodes are cancelled: from then
+    on no node of the workflow can be released.
+    """
+    params = {"wf": workflow_id}
+    if not (yield Step(cancel_workflow_statement(tables), params)):
+        raise WorkflowNotFoundError(
+            f"no workflow {workflow_id} in this queue", workflow_id=workflow_id
+        )
+    seen: set[int] = set()
+    ended, requested = yield from _cancel_released_flow(tables, params, seen)
+    # Statements of their own: they see what a requeue that held the row committed, and
+    # what a completion that the cancel above waited for released.
+    yield Step(lock_undecided_statement(tables), params)
+    ended += [row[0] for row in (yield Step(cancel_undecided_statement(tables), params))]
+    more, asked = yield from _cancel_released_flow(tables, params, seen)
+    ended += more
+    requested += asked
     if ended:
         yield from advance_flow(release, ended)
     return {"cancelled": len(ended), "requested": requested}
+
+
+def _retry_delay(attempt: int) -> float:
+    """How long a cancel waits before its next attempt after a deadlock."""
+    return float(min(1.0, 0.02 * 2**attempt) * (0.5 + random.random()))
+
+
+def _deadlocked(exc: BaseException, attempt: int) -> bool:
+    """Whether ``exc`` is a deadlock (or serialization failure) that one more attempt of
+    the cancel may get past."""
+    retryable = sqlstate_of(exc) in (DEADLOCK_DETECTED, SERIALIZATION_FAILURE)
+    return retryable and attempt < CANCEL_ATTEMPTS
 
 
 def cancel_workflow(
@@ -284,28 +334,55 @@ def cancel_workflow(
     It waits at most :data:`CANCEL_LOCK_TIMEOUT` seconds for a row another transaction
     holds (a completion releasing one of its nodes, say): the two take turns, and a node
     is either released and then cancelled as a job, or cancelled before it is released.
+    Should PostgreSQL still find it in a deadlock with a worker's cascade (two cascades
+    that cross can wait for each other), the cancel's transaction is rolled back whole
+    and run again, up to :data:`CANCEL_ATTEMPTS` times: the caller never sees the deadlock.
     """
     wanted = _one_id(workflow_id)
     if _is_async(source):
         return _cancel_async(source, tables, wanted, notify)
-    with own_connection(source, "queue.cancel_workflow") as connection, connection.begin():
-        connection.exec_driver_sql(cancel_lock_timeout_sql(CANCEL_LOCK_TIMEOUT))
-        translated = tables_for(tables, connection)
-        release = ReleaseStatements(translated, notify=notify)
-        return drive(connection, cancel_workflow_flow(translated, release, wanted))
+    attempt = 1
+    while True:
+        try:
+            with (
+                own_connection(source, "queue.cancel_workflow") as connection,
+                connection.begin(),
+            ):
+                connection.exec_driver_sql(cancel_lock_timeout_sql(CANCEL_LOCK_TIMEOUT))
+                translated = tables_for(tables, connection)
+                release = ReleaseStatements(translated, notify=notify)
+                done: dict[str, int] = drive(
+                    connection, cancel_workflow_flow(translated, release, wanted)
+                )
+                return done
+        except DBAPIError as exc:
+            if not _deadlocked(exc, attempt):
+                raise
+        time.sleep(_retry_delay(attempt))
+        attempt += 1
 
 
 async def _cancel_async(
     source: Any, tables: QueueTables, workflow_id: int, notify: bool
 ) -> dict[str, int]:
-    async with (
-        own_async_connection(source, "queue.cancel_workflow") as connection,
-        connection.begin(),
-    ):
-        await connection.exec_driver_sql(cancel_lock_timeout_sql(CANCEL_LOCK_TIMEOUT))
-        translated = tables_for(tables, connection)
-        release = ReleaseStatements(translated, notify=notify)
-        return await drive_async(connection, cancel_workflow_flow(translated, release, workflow_id))
+    attempt = 1
+    while True:
+        try:
+            async with (
+                own_async_connection(source, "queue.cancel_workflow") as connection,
+                connection.begin(),
+            ):
+                await connection.exec_driver_sql(cancel_lock_timeout_sql(CANCEL_LOCK_TIMEOUT))
+                translated = tables_for(tables, connection)
+                release = ReleaseStatements(translated, notify=notify)
+                flow = cancel_workflow_flow(translated, release, workflow_id)
+                done: dict[str, int] = await drive_async(connection, flow)
+                return done
+        except DBAPIError as exc:
+            if not _deadlocked(exc, attempt):
+                raise
+        await asyncio.sleep(_retry_delay(attempt))
+        attempt += 1
 
 
 def _is_async(source: object) -> bool:
