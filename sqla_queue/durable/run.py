@@ -25,6 +25,7 @@ from sqla_queue.models.tables import StepKind
 from sqla_queue.statements.durable import FenceParams, deadline_of
 
 __all__ = [
+    "SENDER_RECHECK",
     "DurableRun",
     "JobSuspended",
     "Satisfied",
@@ -33,6 +34,10 @@ __all__ = [
     "TimedOut",
     "refusal_reason",
 ]
+
+#: Seconds after which a job that began to wait while a signal's sender was in flight
+#: runs again and asks again (the sender's transaction may not have committed).
+SENDER_RECHECK = 1.0
 
 
 @dataclass(frozen=True)
@@ -267,8 +272,13 @@ class DurableRun:
             if probe is not None:  # a sleep's end needs no record: it is one already
                 yield from self._decide(name, {"timed_out": True})
             return TimedOut(waits_for)
+        # A signal's sender holds the job's signal lock until it commits: what it sends
+        # may not be visible to the probe yet. Waiting for its commit could take as long
+        # as the sender likes, so the job asks again a moment later instead.
+        recheck = None if locked[0].no_sender else SENDER_RECHECK
         suspended = yield Step(
-            self.statements.suspend, {**self.fence, "waits_for": waits_for, "step": name}
+            self.statements.suspend,
+            {**self.fence, "waits_for": waits_for, "step": name, "recheck": recheck},
         )
         if not suspended:
             yield from self.refused(name)

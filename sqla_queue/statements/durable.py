@@ -10,17 +10,18 @@ writes, so a reclaim (or a cancel) waits for the step's transaction instead of p
 ``job_steps``' primary key then makes sure that a step is committed once, whichever
 attempt gets there.
 
-A wait locks the execution ``FOR UPDATE`` first, in a statement of its own, and only then
-reads whether what it waits for has come (a signal, a row's state): a sender locks the same
-row before it writes, so whichever of the two commits second sees the other's work (see
-:mod:`sqla_queue.statements.signals`).
+A wait locks the execution ``FOR UPDATE`` first, in a statement of its own, and tries the
+job's signal lock without waiting; only then does it read whether what it waits for has come
+(a signal, a row's state). A sender holds that lock, shared, until it commits, so a wait
+that got it sees every signal sent before and is seen by every signal sent after; one that
+did not suspends with a recheck soon (see :mod:`sqla_queue.statements.signals`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from sqlalchemy import (
     BigInteger,
@@ -47,6 +48,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from sqla_queue.models.tables import QueueTables, StepKind
 from sqla_queue.statements._common import SUSPENDED, seconds, still_running
+from sqla_queue.statements.signals import signal_lock_key
 
 __all__ = [
     "FOREVER_SQL",
@@ -123,6 +125,9 @@ class SuspendParams(FenceParams):
 
     waits_for: str
     step: str | None
+    #: Seconds until the job runs again to ask again, if sooner than the deadline (a
+    #: signal's sender was in flight); leave it out otherwise.
+    recheck: NotRequired[float | None]
 
 
 def steps_statement(tables: QueueTables) -> Select[Any]:
@@ -223,10 +228,19 @@ def advance_cursor_statement(tables: QueueTables) -> ReturningInsert[Any]:
 
 def lock_execution_statement(tables: QueueTables) -> Select[Any]:
     """Lock the execution this attempt holds ``FOR UPDATE``, before a wait reads whether
-    it may go on. Parameters: :class:`FenceParams`. Returns ``(id, cancel_requested)``,
-    or no row if the execution is no longer this attempt's."""
+    it may go on, and try the job's signal lock without waiting.
+
+    Parameters: :class:`FenceParams`. Returns ``(id, cancel_requested, no_sender)``, or no
+    row if the execution is no longer this attempt's. ``no_sender`` is false while a
+    sender's transaction holds the signal lock: a signal it sends may not be visible yet.
+    """
     ex = tables.executions
-    return select(ex.c.id, ex.c.cancel_requested).where(_fence(tables)).with_for_update(of=ex)
+    free = func.pg_try_advisory_xact_lock(signal_lock_key(tables, ex.c.id))
+    return (
+        select(ex.c.id, ex.c.cancel_requested, free.label("no_sender"))
+        .where(_fence(tables))
+        .with_for_update(of=ex)
+    )
 
 
 def record_wait_statement(tables: QueueTables) -> ReturningInsert[Any]:
@@ -266,9 +280,11 @@ def suspend_statement(tables: QueueTables) -> ReturningUpdate[Any]:
     """Suspend the execution: out of every claim index, with no worker and no seat.
 
     Parameters: :class:`SuspendParams`. It becomes ``suspended``, waiting for ``wait``
-    until the deadline recorded by wait step ``step`` (forever without one). The attempt
-    the claim counted is given back: a wait is not an attempt. Returns ``(id,
-    execute_at)`` if it was suspended.
+    until the deadline recorded by wait step ``step`` (forever without one), or until
+    ``recheck`` seconds from now if that is sooner (a wait that could not tell yet whether
+    what it waits for has come: the job runs again then and asks again). The attempt the
+    claim counted is given back: a wait is not an attempt. Returns ``(id, execute_at)`` if
+    it was suspended.
     """
     ex = tables.executions
     steps = tables.job_steps
@@ -286,7 +302,11 @@ def suspend_statement(tables: QueueTables) -> ReturningUpdate[Any]:
         .values(
             state=SUSPENDED,
             wait=bindparam("waits_for", type_=Text),
-            execute_at=func.coalesce(recorded, literal_column(FOREVER_SQL)),
+            # LEAST ignores a NULL: without a recheck, the deadline alone.
+            execute_at=func.least(
+                func.coalesce(recorded, literal_column(FOREVER_SQL)),
+                func.now() + seconds(bindparam("recheck", None, type_=Double)),
+            ),
             attempt=ex.c.attempt - 1,
             worker_id=null(),
             alive_at=null(),

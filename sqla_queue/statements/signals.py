@@ -5,11 +5,18 @@ calls ``pg_notify`` on the queue's wake-up channel, as an enqueue does, so an id
 claims it at once.
 
 A signal is sent in two statements, in the sender's transaction:
-:func:`lock_for_signal_statement` locks the job's execution (if it has one), then
-:func:`signal_statement` stores the signal and wakes the job if it waits for it. A job that
-begins to wait locks the same row before it reads the signals (see
-:mod:`sqla_queue.statements.durable`), so whichever commits second sees the other: a
-signal sent before the wait began is found by the wait, one sent after it wakes the job.
+:func:`lock_for_signal_statement` takes the job's signal lock (a transaction-level advisory
+lock, shared, see :func:`signal_lock_key`), then :func:`signal_statement` stores the signal
+and wakes the job if it waits for it. The sender locks no row of the queue that a worker
+needs: its transaction may stay open as long as the application likes, and the job's
+heartbeat, completion and cancel never wait for it.
+
+A job that begins to wait tries the same lock, exclusively and without waiting, before it
+reads the signals (see :mod:`sqla_queue.statements.durable`). When it gets the lock, no
+sender is between its two statements: one that committed is seen by the read, and one that
+comes later waits for the wait's short transaction and then finds the job suspended. When
+it does not, a sender is in flight, and the job suspends with a recheck a moment later
+instead of waiting for the sender's commit.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ __all__ = [
     "WakeWaitingParams",
     "condition_wake_statement",
     "lock_for_signal_statement",
+    "signal_lock_key",
     "signal_payload_statement",
     "signal_statement",
     "wake_due_statement",
@@ -80,15 +88,26 @@ def _notify(tables: QueueTables) -> Any:
     return func.pg_notify(literal(tables.notify_channel, Text), literal("", Text))
 
 
-def lock_for_signal_statement(tables: QueueTables) -> Select[Any]:
-    """Lock job ``job``'s execution, if it has one, before its signal is written.
+def signal_lock_key(tables: QueueTables, job: ColumnElement[Any]) -> ColumnElement[Any]:
+    """The 64-bit key of job ``job``'s signal lock, in the queue of ``tables``.
 
-    Returns ``(id)``, or no row for a job without an execution (finished, or unknown).
+    The name holds the queue's effective schema and prefix, and the job's id. A collision
+    with another name is harmless: a wait that finds the lock taken only rechecks sooner.
     """
-    ex = tables.executions
-    return (
-        select(ex.c.id).where(ex.c.id == bindparam("job", type_=BigInteger)).with_for_update(of=ex)
-    )
+    queue = f"sqla_queue signal {tables.effective_schema or ''}.{tables.prefix} "
+    name = literal(queue, Text) + cast(job, Text)
+    return func.hashtextextended(name, literal_column("0", BigInteger))
+
+
+def lock_for_signal_statement(tables: QueueTables) -> Select[Any]:
+    """Take job ``job``'s signal lock, shared, until the sender's transaction ends.
+
+    Many senders share it; only a job beginning to wait tries it exclusively, and never
+    waits for it. It waits at most for such a wait's own short transaction. Returns one
+    row.
+    """
+    key = signal_lock_key(tables, bindparam("job", type_=BigInteger))
+    return select(func.pg_advisory_xact_lock_shared(key).label("locked"))
 
 
 def signal_statement(tables: QueueTables) -> Select[Any]:

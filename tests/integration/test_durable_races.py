@@ -70,6 +70,13 @@ def background(SessionLocal: sessionmaker[Session]) -> Iterator[Callable[[], Blo
         each.thread.join(15)
 
 
+def recheck_due(engine: Engine, job_id: int) -> bool:
+    """Whether job ``job_id``'s suspension is due (its recheck or its deadline came)."""
+    with engine.connect() as connection:
+        due = select(EX.c.execute_at <= text("now()")).where(EX.c.id == job_id)
+        return bool(connection.scalar(due))
+
+
 def executions(engine: Engine, job_id: int) -> list[Any]:
     """Job ``job_id``'s execution rows (there is one at most, or none once it ended)."""
     with engine.connect() as connection:
@@ -171,23 +178,20 @@ def test_a_wait_that_begins_while_a_signal_is_uncommitted_waits_for_it_and_goes_
         sent = signal(sender, job, "approved", {"by": "ada"})
         assert (sent.stored, sent.woke) == (True, False)
         at_wait.open()
-        # The wait locks the execution FOR UPDATE before it reads the signals: it waits
-        # for the sender, whose signal it could not see yet.
+        # The wait does not wait for the sender, whose transaction may stay open as long
+        # as the application likes: it finds the job's signal lock taken, and suspends
+        # to ask again a moment later. Its seat is free, and the burst run ends.
         sender_pid = pid_of(sender)
-        wait_for(
-            lambda: any(
-                "FOR UPDATE" in query and query.lstrip().upper().startswith("SELECT")
-                for _, query in blocked_behind(owner_engine, sender_pid)
-            ),
-            timeout=10,
-        )
-        assert worker.still_waiting(0.2)
-        assert executions(engine, job)[0].state == "running"
+        wait_for(lambda: executions(engine, job)[0].state == "suspended", timeout=10)
+        worker.value()
+        assert blocked_behind(owner_engine, sender_pid) == []
         sender.commit()
-    worker.value()
+    # When the recheck is due, the job runs again and finds the signal.
+    wait_for(lambda: recheck_due(engine, job), timeout=10)
+    drain(SessionLocal)
     assert outcome(engine, job) == ("succeeded", {"by": "ada"})
-    # It found the signal: it never suspended; the wait is recorded as met, with the
-    # payload, so that a replay goes on without asking again.
+    # It found the signal on its second run; the wait is recorded as met, with the
+    # payload, so that a replay goes on without asking again. The wait cost no attempt.
     assert [(s.name, s.result) for s in steps_of(SessionLocal, job)] == [
         ("signal:approved", {"met": True, "value": {"by": "ada"}})
     ]
@@ -355,20 +359,17 @@ def test_a_signal_racing_the_reclaim_of_a_lost_running_job_leaves_one_run(
     with engine.connect() as sender, engine.connect() as reclaimer:
         sender.begin()
         reclaimer.begin()
+        # The sender locks no row of the queue, and the reclaim touches no signal: in
+        # either order, neither waits for the other's open transaction.
         if first == "signal":
             sent = signal(sender, job, "go", "late")
-            # The sender holds the row: the sweep skips it rather than wait.
-            assert Blocked(lambda: reclaim(reclaimer)).value() == []
+            assert Blocked(lambda: reclaim(reclaimer)).value() == [job]
             sender.commit()
             reclaimer.commit()
-            with engine.begin() as connection:
-                assert reclaim(connection) == [job]
         else:
             assert reclaim(reclaimer) == [job]
-            signalling = Blocked(lambda: signal(sender, job, "go", "late"))
-            assert signalling.still_waiting(), "the signal did not wait for the reclaim"
+            sent = Blocked(lambda: signal(sender, job, "go", "late")).value()
             reclaimer.commit()
-            sent = signalling.value()
             sender.commit()
     # The job was running, not waiting: the signal is stored for its next run to find.
     assert (sent.stored, sent.woke) == (True, False)

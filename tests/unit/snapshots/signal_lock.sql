@@ -1,3 +1,1 @@
-SELECT app.q_job_executions.id 
-FROM app.q_job_executions 
-WHERE app.q_job_executions.id = %(job)s::BIGINT FOR UPDATE OF q_job_executions
+SELECT pg_advisory_xact_lock_shared(hashtextextended(%(param_1)s::VARCHAR || CAST(%(job)s::BIGINT AS TEXT), 0)) AS locked
