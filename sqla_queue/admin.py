@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -42,7 +42,7 @@ from sqla_queue.conversation import Flow, run_flow
 from sqla_queue.durable.compensate import reopen_compensated_flow
 from sqla_queue.errors import InsufficientPrivilegeError
 from sqla_queue.logic.payload import encode_json
-from sqla_queue.models.tables import NodeState, QueueTables
+from sqla_queue.models.tables import JobStatus, NodeState, QueueTables
 from sqla_queue.schema.manifest import ADMIN_LIMIT_PRIVILEGES, RequiredPrivilege
 from sqla_queue.schema.verify import GRANTS_GUIDE, grant_statements
 from sqla_queue.statements.admin import (
@@ -72,7 +72,10 @@ from sqla_queue.statements.workflow_admin import (
     lock_ruled_out_statement,
     lock_workflows_of_statement,
     resume_statement,
+    rival_workflows_statement,
+    unique_keys_of_statement,
 )
+from sqla_queue.statements.workflows import unique_workflow_key, workflow_lock_statement
 
 __all__ = [
     "PRUNED_TABLES",
@@ -195,6 +198,11 @@ class RequeueReport(list[int]):
       held by job 12"``);
     * :attr:`held_by`: the same jobs, each with the id of the job that holds its key.
 
+    A failed or cancelled workflow node left alone is in :attr:`refused` too, with why:
+    its workflow was cancelled, it never ran (requeue the parent that ruled it out), or
+    another live workflow of its name stands for its row (the rule of one live workflow
+    per row and name, as a unique job's key).
+
     Ids in neither were not failed or cancelled (or no job has them): nothing to do.
     """
 
@@ -202,7 +210,10 @@ class RequeueReport(list[int]):
     held_by: dict[int, int]
 
     def __init__(
-        self, requeued: Iterable[int] = (), held_by: dict[int, tuple[str, int]] | None = None
+        self,
+        requeued: Iterable[int] = (),
+        held_by: dict[int, tuple[str, int]] | None = None,
+        refused: Mapping[int, str] | None = None,
     ) -> None:
         super().__init__(requeued)
         held = held_by or {}
@@ -211,6 +222,7 @@ class RequeueReport(list[int]):
             job_id: f"its unique key {key!r} is held by job {holder}"
             for job_id, (key, holder) in held.items()
         }
+        self.refused.update(refused or {})
 
     @property
     def requeued(self) -> list[int]:
@@ -259,7 +271,8 @@ def _requeue_flow(tables: QueueTables, ids: list[int]) -> Flow[RequeueReport]:
     # A workflow's node is requeued only if it ran, and not in a cancelled workflow; its
     # workflow's row stays locked until the requeue commits (see resume_statement).
     nodes = yield lock_workflows_of_statement(tables), asked
-    refused = {row.job_id for row in nodes if row.cancelled or row.state != NodeState.RELEASED}
+    reasons = yield from _node_refusals(tables, nodes)
+    refused = set(reasons)
     free: RequeueParams = {
         "ids": [job_id for job_id in ids if job_id not in held and job_id not in refused]
     }
@@ -280,7 +293,49 @@ def _requeue_flow(tables: QueueTables, ids: list[int]) -> Flow[RequeueReport]:
     if bindings:
         bind: BindKeysParams = {"keys": encode_json(bindings)}
         yield bind_keys_statement(tables), bind
-    return RequeueReport(requeued, held)
+    return RequeueReport(requeued, held, reasons)
+
+
+def _node_refusals(tables: QueueTables, nodes: Sequence[Any]) -> Flow[dict[int, str]]:
+    """Why each failed or cancelled node among ``nodes`` (rows of
+    :func:`~sqla_queue.statements.workflow_admin.lock_workflows_of_statement`) cannot be
+    requeued, by job id. A node that never ran, or of a cancelled workflow, is refused; so
+    is one whose workflow another live one of its name about its row stands in for: the
+    requeue takes the unique workflows' lock of that row and name first, as a unique
+    enqueue does, then looks."""
+    reasons: dict[int, str] = {}
+    ended = [row for row in nodes if row.status in (JobStatus.FAILED, JobStatus.CANCELLED)]
+    for row in ended:
+        node = f"it is node {row.name!r} of workflow {row.workflow_id}"
+        if row.cancelled:
+            reasons[row.job_id] = f"{node}, which was cancelled: its nodes stay as they are"
+        elif row.state != NodeState.RELEASED:
+            reasons[row.job_id] = (
+                f"{node} and never ran: a parent it needed did not succeed (or it was "
+                "cancelled while it waited); requeue that parent, and the workflow runs "
+                "this node again"
+            )
+    open_ = {row.workflow_id for row in ended if row.job_id not in reasons}
+    if not open_:
+        return reasons
+    asked = {"wfs": sorted(open_)}
+    keyed = yield unique_keys_of_statement(tables), asked
+    if not keyed:
+        return reasons
+    keys = sorted({unique_workflow_key(tables, *row[1:]) for row in keyed})
+    for key in keys:
+        yield workflow_lock_statement(), {"key": key}
+    rivals = dict((yield rival_workflows_statement(tables), {"wfs": [r.id for r in keyed]}))
+    for row in ended:
+        rival = rivals.get(row.workflow_id)
+        if row.job_id not in reasons and rival is not None:
+            reasons[row.job_id] = (
+                f"it is node {row.name!r} of workflow {row.workflow_id}, and workflow "
+                f"{rival} of the same name about the same row is live: one live workflow "
+                "per row and name, as a unique job's key (cancel that one, or let it end, "
+                "then requeue)"
+            )
+    return reasons
 
 
 def _take_keys(

@@ -7,14 +7,19 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Select,
+    and_,
     any_,
     bindparam,
+    exists,
     func,
+    not_,
+    or_,
     select,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql.dml import ReturningUpdate
+from sqlalchemy.sql.elements import ColumnElement
 
 from sqla_queue.models.tables import NodeState, QueueTables
 from sqla_queue.statements._common import CANCELLED, QUEUED, state_literal
@@ -29,6 +34,8 @@ __all__ = [
     "lock_workflows_of_statement",
     "released_queued_statement",
     "resume_statement",
+    "rival_workflows_statement",
+    "unique_keys_of_statement",
     "workflow_edges_statement",
     "workflow_nodes_statement",
     "workflow_row_statement",
@@ -255,15 +262,92 @@ def resume_statement(tables: QueueTables) -> Select[Any]:
 
 
 def lock_workflows_of_statement(tables: QueueTables) -> Select[Any]:
-    """``(job_id, cancelled, state)`` of the nodes among the jobs ``ids`` (bigint[]), their
-    workflows' rows locked ``FOR SHARE``: a requeue and a cancel of the workflow take
-    turns, and the one that comes second sees what the first did."""
+    """``(job_id, cancelled, state, name, status, workflow_id)`` of the nodes among the jobs
+    ``ids`` (bigint[]), their workflows' rows locked ``FOR SHARE``: a requeue and a cancel
+    of the workflow take turns, and the one that comes second sees what the first did.
+    ``name`` is the node's, ``status`` its job's (NULL once pruned)."""
     nodes = tables.workflow_nodes
     w = tables.workflows
+    jobs = tables.jobs
     return (
-        select(nodes.c.job_id, w.c.cancelled_at.is_not(None).label("cancelled"), nodes.c.state)
-        .select_from(nodes.join(w, w.c.id == nodes.c.workflow_id))
+        select(
+            nodes.c.job_id,
+            w.c.cancelled_at.is_not(None).label("cancelled"),
+            nodes.c.state,
+            nodes.c.name,
+            jobs.c.status,
+            w.c.id.label("workflow_id"),
+        )
+        .select_from(
+            nodes.join(w, w.c.id == nodes.c.workflow_id).outerjoin(
+                jobs, jobs.c.id == nodes.c.job_id
+            )
+        )
         .where(nodes.c.job_id == any_(bindparam("ids", type_=ARRAY(BigInteger))))
         .order_by(w.c.id, nodes.c.job_id)
         .with_for_update(of=w, read=True)
     )
+
+
+def _live(tables: QueueTables, workflow: Any) -> ColumnElement[bool]:
+    """Whether ``workflow`` (the table or an alias) is live: not cancelled, with a node
+    undecided or a job not ended (as :func:`~sqla_queue.statements.workflows.
+    live_workflow_statement` reads it)."""
+    nodes = tables.workflow_nodes
+    jobs = tables.jobs
+    unfinished = exists(
+        select(nodes.c.job_id)
+        .select_from(nodes.join(jobs, jobs.c.id == nodes.c.job_id))
+        .where(
+            nodes.c.workflow_id == workflow.c.id,
+            or_(nodes.c.state.in_(_UNDECIDED), jobs.c.status == QUEUED),
+        )
+    )
+    return and_(workflow.c.cancelled_at.is_(None), unfinished)
+
+
+def unique_keys_of_statement(tables: QueueTables) -> Select[Any]:
+    """``(id, name, about_table, about_key)`` of the workflows ``wfs`` (bigint[]) that are
+    about a row and not live: a requeue of one of their nodes makes them live again, which
+    the rule of one live workflow per row and name must allow. In id order."""
+    w = tables.workflows
+    return (
+        select(w.c.id, w.c.name, w.c.about_table, w.c.about_key)
+        .where(
+            w.c.id == any_(bindparam("wfs", type_=ARRAY(BigInteger))),
+            w.c.about_key.is_not(None),
+            not_(_live(tables, w)),
+        )
+        .order_by(w.c.id)
+    )
+
+
+def rival_workflows_statement(tables: QueueTables) -> Select[Any]:
+    """``(workflow_id, rival)`` for each workflow of ``wfs`` (bigint[]) that another live
+    workflow of its name about its row stands in for: ``rival`` is the newest such one.
+
+    Run under the unique workflows' advisory locks of those rows and names
+    (:func:`~sqla_queue.statements.workflows.workflow_lock_statement`), in a statement of
+    its own: it sees a unique enqueue that held the lock before.
+    """
+    w = tables.workflows
+    other = w.alias("other")
+    rival = (
+        select(other.c.id)
+        .where(
+            other.c.name == w.c.name,
+            other.c.about_table == w.c.about_table,
+            other.c.about_key == w.c.about_key,
+            other.c.id != w.c.id,
+            _live(tables, other),
+        )
+        .order_by(other.c.id.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    found = select(w.c.id.label("workflow_id"), rival.label("rival")).where(
+        w.c.id == any_(bindparam("wfs", type_=ARRAY(BigInteger))),
+        w.c.about_key.is_not(None),
+    )
+    inner = found.subquery("found")
+    return select(inner.c.workflow_id, inner.c.rival).where(inner.c.rival.is_not(None))

@@ -15,6 +15,7 @@ the resume of a requeued node.
 
 from __future__ import annotations
 
+import json
 from typing import Any, TypedDict
 
 from sqlalchemy import (
@@ -62,6 +63,7 @@ __all__ = [
     "node_runs",
     "node_statement",
     "parent_results_statement",
+    "unique_workflow_key",
     "workflow_lock_statement",
     "write_nodes_statement",
 ]
@@ -352,6 +354,14 @@ def hand_over_statement(tables: QueueTables) -> Select[Any]:
         .cte("recounted")
     )
     return select(recounted.c.job_id).add_cte(added)
+
+
+def unique_workflow_key(
+    tables: QueueTables, name: str, about_table: str | None, about_key: str | None
+) -> str:
+    """The ``key`` of :func:`workflow_lock_statement` for workflows of ``name`` about one row
+    (in the queue's translated schema): the one a unique enqueue and a requeue both take."""
+    return json.dumps([tables.effective_schema, tables.prefix, name, about_table, about_key])
 
 
 def workflow_lock_statement() -> Select[Any]:

@@ -9,7 +9,6 @@ sync or async.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Coroutine
 from functools import cached_property
 from typing import Any
@@ -22,6 +21,7 @@ from sqla_queue.statements.workflows import (
     hand_over_statement,
     live_workflow_statement,
     node_statement,
+    unique_workflow_key,
     workflow_lock_statement,
     write_nodes_statement,
 )
@@ -122,10 +122,7 @@ def enqueue_flow(statements: WorkflowStatements, workflow: Workflow, rows: str) 
     """Write ``workflow`` (its nodes' JSON ``rows``); its :class:`WorkflowHandle`."""
     about_table, about_key = workflow.about if workflow.about else (None, None)
     if workflow.unique:
-        tables = statements.tables
-        key = json.dumps(
-            [tables.effective_schema, tables.prefix, workflow.name, about_table, about_key]
-        )
+        key = unique_workflow_key(statements.tables, workflow.name, about_table, about_key)
         yield Step(statements.lock, {"key": key})
         found = yield Step(
             statements.live,
