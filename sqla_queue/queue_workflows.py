@@ -19,7 +19,7 @@ from sqla_queue.models.tables import ParentFailure, ParentPolicy, QueueTables
 from sqla_queue.spec import JobSpec
 from sqla_queue.workflows import admin as workflow_admin
 from sqla_queue.workflows.admin import WorkflowStatus
-from sqla_queue.workflows.graph import Policy, Workflow
+from sqla_queue.workflows.graph import Node, Policy, Workflow
 from sqla_queue.workflows.write import WorkflowHandle
 
 __all__ = ["WorkflowMethods"]
@@ -62,42 +62,70 @@ class WorkflowMethods:
         written = self._enqueuer.workflows.enqueue(session, workflow)
         return written
 
-    def chain(self, *calls: JobSpec, name: str = "chain", about: object = None) -> Workflow:
+    def chain(
+        self, *calls: JobSpec | Workflow, name: str = "chain", about: object = None
+    ) -> Workflow:
         """A workflow that runs ``calls`` one after the other, each once the one before it
-        succeeded (a failure cancels the rest)."""
+        succeeded (a failure cancels the rest).
+
+        A call may be a whole shape (``queue.group(...)``, ``queue.chord(...)``, another
+        chain, any :class:`~sqla_queue.workflows.Workflow`): it runs after the part before
+        it has ended, and the next part waits for all of its last nodes. So "a step, a
+        fan-out with a callback, a step" is
+        ``queue.chain(step.call(), queue.chord([...], then=cb.call()), last.call())``.
+        """
         if not calls:
             raise ValueError("a chain needs at least one call")
         workflow = Workflow(name, about=about)
-        previous = None
+        previous: list[Node] | None = None
         for call in calls:
-            previous = workflow.add(call, after=previous)
+            previous = workflow.include(call, after=previous)
         return workflow
 
     def group(
-        self, calls: Iterable[JobSpec], *, name: str = "group", about: object = None
+        self,
+        calls: Iterable[JobSpec | Workflow],
+        *,
+        name: str = "group",
+        about: object = None,
     ) -> Workflow:
-        """A workflow of ``calls`` that run side by side, none waiting for another."""
+        """A workflow of ``calls`` that run side by side, none waiting for another (a call
+        may be a whole shape, such as a chain: its steps keep their order)."""
         workflow = Workflow(name, about=about)
         for call in calls:
-            workflow.add(call)
+            workflow.include(call)
         if not len(workflow):
             raise ValueError("a group needs at least one call")
         return workflow
 
     def chord(
         self,
-        calls: Iterable[JobSpec],
+        calls: Iterable[JobSpec | Workflow],
         *,
-        then: JobSpec,
+        then: JobSpec | Workflow,
         policy: Policy = ParentPolicy.ALL_SUCCEEDED,
         on_parent_failure: str = ParentFailure.CANCEL,
         name: str = "chord",
         about: object = None,
     ) -> Workflow:
         """A workflow of ``calls`` side by side, then ``then`` once they ended as ``policy``
-        asks; ``then`` reads their results in ``ctx.parent_results``."""
+        asks; ``then`` reads their results in ``ctx.parent_results``.
+
+        A call may be a whole shape (a chain, say): ``then`` waits for its last nodes.
+        ``then`` may be a shape too; its first nodes wait for the calls, under ``policy``.
+        """
         workflow = self.group(calls, name=name, about=about)
-        workflow.add(then, after=workflow.nodes, policy=policy, on_parent_failure=on_parent_failure)
+        sinks = workflow.last_nodes
+        if isinstance(then, Workflow):
+            if policy != ParentPolicy.ALL_SUCCEEDED or on_parent_failure != ParentFailure.CANCEL:
+                raise ValueError(
+                    "chord(then=<a workflow>) takes the default policy and "
+                    "on_parent_failure: build it with wf.add(callback, after=parts, "
+                    "policy=...), then wf.include(rest, after=...)"
+                )
+            workflow.include(then, after=sinks)
+        else:
+            workflow.add(then, after=sinks, policy=policy, on_parent_failure=on_parent_failure)
         return workflow
 
     @overload

@@ -131,6 +131,12 @@ def _failure(value: object) -> str:
 
 
 def _spec(spec: object) -> JobSpec:
+    if isinstance(spec, Workflow):
+        raise TypeError(
+            f"add() takes one call, got the workflow {spec.name!r}: add a whole shape "
+            "(queue.chain, queue.group, queue.chord) with workflow.include(shape, after=...), "
+            "which returns its last nodes"
+        )
     if not isinstance(spec, JobSpec):
         raise TypeError(
             f"a workflow's node is a call, such as send_email.call(to=...), got {spec!r}"
@@ -233,10 +239,75 @@ class Workflow:
                 return candidate
             count += 1
 
+    def include(
+        self, part: JobSpec | Workflow, *, after: Node | Iterable[Node] | None = None
+    ) -> list[Node]:
+        """Add ``part`` after the nodes ``after``: a call (one node, as :meth:`add`), or a
+        whole workflow (a ``queue.chain``, ``group`` or ``chord``, or any graph), whose
+        nodes are copied in with their parents, policies and names (a name taken already
+        gets the next free number: ``charge#2``). Its roots wait for ``after``.
+
+        Returns the part's last nodes, those nothing in it waits for: pass them to the
+        next ``after=``. This is how shapes nest: step, then a fan-out with a callback,
+        then a step.
+        """
+        if isinstance(part, JobSpec):
+            return [self.add(part, after=after)]
+        if not isinstance(part, Workflow):
+            raise TypeError(
+                "a workflow's part is a call, such as send_email.call(to=...), or a "
+                f"workflow (queue.chain, queue.group, queue.chord), got {part!r}"
+            )
+        if part is self:
+            raise ValueError("a workflow cannot include itself")
+        if not part._entries:
+            raise ValueError(empty_message(part.name))
+        roots = self._parents(after)
+        placed: list[int] = []
+        for entry in part._entries:
+            parents = tuple(placed[i] for i in entry.after) if entry.after else roots
+            index = len(self._entries)
+            name = self._free_name(entry.name)
+            self._entries.append(
+                _Entry(
+                    entry.spec, name, parents, entry.policy, entry.quorum, entry.on_parent_failure
+                )
+            )
+            self._names[name] = index
+            placed.append(index)
+        return [
+            Node(self, placed[node.index], self._entries[placed[node.index]].name)
+            for node in part.last_nodes
+        ]
+
+    def _free_name(self, name: str) -> str:
+        """``name``, or else ``base#n`` with the smallest n from 2 that no node has
+        (``base`` is ``name`` without its own ``#n``: ``resize#2`` becomes ``resize#3``)."""
+        if name not in self._names:
+            return name
+        base, mark, number = name.rpartition("#")
+        if not (mark and base and number.isdigit()):
+            base = name
+        count = 2
+        while f"{base}#{count}" in self._names:
+            count += 1
+        return f"{base}#{count}"
+
     @property
     def nodes(self) -> list[Node]:
         """The nodes, in the order they were added."""
         return [Node(self, i, entry.name) for i, entry in enumerate(self._entries)]
+
+    @property
+    def last_nodes(self) -> list[Node]:
+        """The nodes no other node waits for, in the order they were added: what a step
+        after this whole graph waits for."""
+        waited_for = {parent for entry in self._entries for parent in entry.after}
+        return [
+            Node(self, i, entry.name)
+            for i, entry in enumerate(self._entries)
+            if i not in waited_for
+        ]
 
     @overload
     def enqueue(self, session: Session | Connection) -> WorkflowHandle: ...

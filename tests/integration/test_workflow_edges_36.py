@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue.workflows import Workflow
 from sqla_queue.workflows.listing import list_workflows
-from tests.support.workflow_app import queue, wf_fail, wf_split, wf_sum, wf_tx, wf_value
+from tests.support.workflow_app import queue, wf_fail, wf_gather, wf_split, wf_sum, wf_tx, wf_value
 
 pytestmark = pytest.mark.integration
 
@@ -254,3 +254,104 @@ def test_an_empty_workflow_says_what_to_do(
             assert "workflow.add(" in message
             assert "name one queue" not in message
     assert count_rows(engine) == (0, 0, 0)
+
+
+# -- shapes nest ---------------------------------------------------------------------------
+
+
+def test_step_then_chord_then_step_runs_in_order(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    """The issue's shape: a step, a fan-out with its callback, then a step."""
+    wf = queue.chain(
+        wf_value.call(1),
+        queue.chord([wf_value.call(i) for i in range(3)], then=wf_sum.call()),
+        wf_gather.call(),
+        name="shop",
+    )
+    assert [n.name for n in wf.nodes] == [
+        "wf_value",
+        "wf_value#2",
+        "wf_value#3",
+        "wf_value#4",
+        "wf_sum",
+        "wf_gather",
+    ]
+    with SessionLocal.begin() as session:
+        handle = wf.enqueue(session)
+    status = queue.workflow_status(engine, handle.id)
+    assert status.node("wf_value#2").parents == ["wf_value"]
+    assert status.node("wf_sum").parents == ["wf_value#2", "wf_value#3", "wf_value#4"]
+    assert status.node("wf_gather").parents == ["wf_sum"]
+    drain(SessionLocal)
+    assert job_of(engine, handle.jobs["wf_sum"]).result == 0 + 1 + 2
+    assert job_of(engine, handle.jobs["wf_gather"]).result == {"wf_sum": 3}
+    assert queue.workflow_status(engine, handle.id).state == "succeeded"
+
+
+def test_shapes_nest_every_way(engine: Engine, SessionLocal: sessionmaker[Session]) -> None:
+    # A group of chains: each chain keeps its order; a chord's callback waits for each
+    # chain's last step; a chord's callback may itself be a chain.
+    fan = queue.chord(
+        [
+            queue.chain(wf_value.call(1), wf_sum.call(), name="a"),
+            queue.chain(wf_value.call(2), wf_sum.call(), name="b"),
+            wf_value.call(10),
+        ],
+        then=queue.chain(wf_sum.call(), wf_gather.call()),
+    )
+    names = {n.name: n.index for n in fan.nodes}
+    assert len(names) == 7
+    whole = queue.chain(queue.chain(wf_value.call(0)), fan, queue.group([wf_gather.call()]))
+    assert len(whole) == 9
+    assert [n.name for n in whole.nodes] == [
+        "wf_value",
+        "wf_value#2",
+        "wf_sum",
+        "wf_value#3",
+        "wf_sum#2",
+        "wf_value#4",
+        "wf_sum#3",
+        "wf_gather",
+        "wf_gather#2",
+    ]
+    assert [n.name for n in whole.last_nodes] == ["wf_gather#2"]
+    with SessionLocal.begin() as session:
+        handle = whole.enqueue(session)
+    drain(SessionLocal)
+    status = queue.workflow_status(engine, handle.id)
+    assert status.state == "succeeded"
+    # The chord's callback (the inner chain's first step) summed its three parents.
+    callback = next(n for n in status.nodes if len(n.parents) == 3)
+    assert job_of(engine, callback.job_id).result == 1 + 2 + 10
+    assert job_of(engine, handle.jobs["wf_gather#2"]).result == {"wf_gather": {"wf_sum#3": 13}}
+
+
+def test_a_failure_inside_a_nested_shape_rules_out_what_follows(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    wf = queue.chain(
+        queue.chord([wf_value.call(1), wf_fail.call()], then=wf_sum.call()),
+        wf_value.call("never"),
+    )
+    with SessionLocal.begin() as session:
+        handle = wf.enqueue(session)
+    drain(SessionLocal)
+    assert job_of(engine, handle.jobs["wf_sum"]).status == "cancelled"
+    assert job_of(engine, handle.jobs["wf_value#2"]).status == "cancelled"
+    assert queue.workflow_status(engine, handle.id).state == "failed"
+
+
+def test_include_refuses_what_is_not_a_shape() -> None:
+    wf = Workflow("w")
+    with pytest.raises(TypeError, match="include"):
+        wf.add(queue.chain(wf_value.call(1)))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="a call, such as"):
+        wf.include("wf_value")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="itself"):
+        wf.include(wf)
+    with pytest.raises(ValueError, match="has no nodes"):
+        wf.include(Workflow("empty"))
+    with pytest.raises(ValueError, match="default policy"):
+        queue.chord([wf_value.call(1)], then=queue.chain(wf_sum.call()), policy="all_finished")
+    assert len(wf) == 0
