@@ -92,10 +92,13 @@ exit status:
 # -- job ------------------------------------------------------------------------------------
 
 _STEP_COLUMNS = (
-    Column("step", least=16),
-    Column("kind", drop=2),
-    Column("version", right=True, drop=3),
-    Column("attempt", right=True, drop=1),
+    Column("step", least=16, whole=True),
+    # The step's name (a wait's names what it waits for) is cut last: the version (most
+    # often 1) goes first, then the attempt and the kind (and, before any, a column of
+    # dashes: see Column.blank).
+    Column("kind", drop=3),
+    Column("version", right=True, drop=1),
+    Column("attempt", right=True, drop=2),
     Column("committed", drop=4),
     Column("compensation", drop=5),
     Column("result", least=16, cut="end"),
@@ -152,7 +155,9 @@ def _print_job(row: JobRow, steps: Sequence[StepRecord]) -> None:
         )
         for step in steps
     ]
-    print_table(_STEP_COLUMNS, rows, empty="no committed steps", console=console)
+    if rows or row.waits_for is not None:
+        # Only a durable job has steps to speak of: a plain job's page says nothing of them.
+        print_table(_STEP_COLUMNS, rows, empty="no committed steps", console=console)
 
 
 def run_job(args: argparse.Namespace) -> int:
@@ -225,7 +230,7 @@ def run_signal(args: argparse.Namespace) -> int:
 
 _VERSION_COLUMNS = (
     Column("task", least=TASK_WIDTH),
-    Column("step", least=16),
+    Column("step", least=16, whole=True),
     Column("version", right=True),
     Column("jobs", right=True),
 )

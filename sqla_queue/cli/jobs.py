@@ -6,8 +6,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any
+
+from rich.text import Text
 
 from sqla_queue.admin import Pruned, failed_jobs
 from sqla_queue.checks import INT8_MAX
@@ -16,12 +19,17 @@ from sqla_queue.cli.render import (
     TASK_WIDTH,
     Cell,
     Column,
+    escape,
+    fit_line,
     format_attempts,
     format_duration,
     format_time,
     json_text,
+    make_console,
     print_table,
     say,
+    table_lines,
+    table_width,
 )
 from sqla_queue.cli.scaffold import (
     COMMON_EXITS,
@@ -61,6 +69,7 @@ from sqla_queue.statements.lifecycle import CancelOutcome
 
 __all__ = [
     "add_job_parsers",
+    "cancel_words",
     "error_summary",
     "format_until",
     "prune_lines",
@@ -70,6 +79,7 @@ __all__ = [
     "run_prune",
     "run_requeue",
     "run_result",
+    "short_type",
 ]
 
 FAILED_HELP = f"""\
@@ -103,9 +113,10 @@ CANCEL_HELP = f"""\
 Cancel jobs: a queued job becomes cancelled and never starts; a running one is asked
 to stop (its handler sees ctx.cancel_requested within a heartbeat interval) and ends
 cancelled when its handler returns, unless it succeeds. A suspended durable job is
-cancelled at once; the compensations of its committed steps are enqueued by the next
-worker maintenance sweep. Prints each job's outcome:
-cancelled, requested, finished (already over: nothing changed) or not_found.
+cancelled at once; the compensations of its committed steps follow (the next worker
+maintenance sweep enqueues them), and its line says how many (--json: "compensations").
+Prints each job's outcome: cancelled, requested, finished (already over: nothing
+changed) or not_found.
 
 exit status:
   0  every job was cancelled or asked to stop
@@ -268,11 +279,23 @@ def _add_result_parser(sub: Subparsers) -> None:
 # -- shared pieces ------------------------------------------------------------------------
 
 
+def short_type(name: str) -> str:
+    """An exception's recorded type, shorter for a narrow table: a built-in one by its
+    name alone (``builtins.RuntimeError`` is ``RuntimeError``), any other one by its name
+    and its module's last part (``sqlalchemy.exc.IntegrityError`` is
+    ``exc.IntegrityError``). ``--json`` keeps the whole path."""
+    module, _, qualname = name.rpartition(".")
+    if not module or module == "builtins":
+        return qualname
+    return f"{module.rpartition('.')[2]}.{qualname}"
+
+
 def error_summary(error: dict[str, Any] | None) -> str:
-    """A last-error entry as one line of text: ``TYPE: MESSAGE`` (``-`` for none)."""
+    """A last-error entry as one line of text: ``TYPE: MESSAGE`` (``-`` for none), the
+    type shortened (:func:`short_type`) so that the message gets the room."""
     if not error:
         return "-"
-    return f"{error.get('type', 'error')}: {error.get('message', '')}"
+    return f"{short_type(str(error.get('type', 'error')))}: {error.get('message', '')}"
 
 
 def _rows_by_id(connection: Any, queue: Any, ids: Sequence[int]) -> dict[int, JobRow]:
@@ -285,11 +308,13 @@ def _rows_by_id(connection: Any, queue: Any, ids: Sequence[int]) -> dict[int, Jo
 
 # -- failed ---------------------------------------------------------------------------------
 
+# The error's message is what an operator reads the listing for: the attempt goes first,
+# then the time, before the message is cut below its least width.
 _FAILED_COLUMNS = (
     Column("id", right=True),
     Column("task", least=TASK_WIDTH),
-    Column("attempt", drop=2),
-    Column("failed at", drop=1),
+    Column("attempt", drop=1),
+    Column("failed at", drop=2),
     Column("last error", least=24, cut="end"),
 )
 
@@ -326,8 +351,38 @@ def run_failed(args: argparse.Namespace) -> int:
         )
         for row in rows
     ]
-    print_table(_FAILED_COLUMNS, table, empty="no failed jobs")
+    _print_failed(table)
     return EXIT_OK
+
+
+#: At most this many lines of a failed job's error under its row, in a narrow terminal.
+ERROR_LINES = 3
+
+
+def _print_failed(table: Sequence[Sequence[Cell]]) -> None:
+    """The failed jobs as a table; in a terminal too narrow for their errors, each error
+    goes under its row instead, indented and wrapped (up to :data:`ERROR_LINES` lines),
+    so the message shows, not only the exception's type."""
+    console = make_console()
+    width = table_width(console)
+    if not table:
+        console.print("no failed jobs")
+        return
+    full = table_lines(_FAILED_COLUMNS, table, None)
+    if width is None or max(line.cell_len for line in full) <= width:
+        for line in full:
+            console.print(line)
+        return
+    lines = table_lines(_FAILED_COLUMNS[:-1], [row[:-1] for row in table], width)
+    for index, line in enumerate(lines):
+        console.print(line)
+        if 1 <= index <= len(table):
+            error = escape(table[index - 1][-1])
+            parts = textwrap.wrap(error, max(width - 4, 20)) or ["-"]
+            if len(parts) > ERROR_LINES:
+                parts = [*parts[: ERROR_LINES - 1], " ".join(parts[ERROR_LINES - 1 :])]
+            for part in parts:
+                console.print(Text("    " + fit_line(part, width - 4), no_wrap=True))
 
 
 # -- jobs -----------------------------------------------------------------------------------
@@ -345,7 +400,7 @@ _JOB_COLUMNS = (
 # With suspended jobs in the list: what each waits for, and until when, after the state.
 _WAIT_COLUMNS = (
     *_JOB_COLUMNS[:3],
-    Column("waits for", least=16, cut="end", drop=6),
+    Column("waits for", least=16, cut="end", drop=6, whole=True),
     Column("until", drop=4),
     *_JOB_COLUMNS[3:],
 )
@@ -413,10 +468,37 @@ _CANCEL_WORDS = {
 }
 
 
+def _compensations_of(connection: Any, queue: Any, ids: Sequence[int]) -> dict[int, int]:
+    """How many committed steps of each suspended job among ``ids`` declared a
+    compensation: those a cancel enqueues (by id; the other ids are missing)."""
+    rows = _rows_by_id(connection, queue, ids)
+    return {
+        job_id: sum(1 for step in queue.job_steps(connection, job_id) if step.has_compensation)
+        for job_id, row in rows.items()
+        if row.state == "suspended"
+    }
+
+
+def cancel_words(outcome: str, status: str = "?", compensations: int | None = None) -> str:
+    """What ``sqla-queue cancel`` says of one job: its outcome's word and meaning, and for
+    a suspended durable job that was cancelled, the compensations that follow."""
+    words = _CANCEL_WORDS[outcome].format(status=status)
+    if outcome != CancelOutcome.CANCELLED or compensations is None:
+        return words
+    if compensations == 0:
+        return words  # nothing to undo: nothing follows
+    if compensations == 1:
+        return f"{words}; 1 compensation follows (the next worker sweep enqueues it)"
+    return f"{words}; {compensations} compensations follow (the next worker sweep enqueues them)"
+
+
 def run_cancel(args: argparse.Namespace) -> int:
     """Run ``sqla-queue cancel APP ID...``; returns the exit status."""
     ids = list(dict.fromkeys(args.ids))
     with engine_of(args) as (queue, engine):
+        # Which of them wait suspended, and what they would undo: read before the cancel.
+        with engine.connect() as connection:
+            compensations = _compensations_of(connection, queue, ids)
         # The cancel commits on a connection of its own; the statuses are read after it.
         outcomes = queue.cancel(engine, ids)
         finished = [job_id for job_id in ids if outcomes[job_id] == CancelOutcome.FINISHED]
@@ -425,17 +507,23 @@ def run_cancel(args: argparse.Namespace) -> int:
             with engine.connect() as connection:
                 rows = _rows_by_id(connection, queue, finished)
             statuses = {job_id: row.status for job_id, row in rows.items()}
+    follow = {
+        job_id: count
+        for job_id, count in compensations.items()
+        if count and outcomes[job_id] == CancelOutcome.CANCELLED
+    }
     if args.json:
         print_json(
             [
                 {"id": job_id, "outcome": outcomes[job_id]}
                 | ({"status": statuses[job_id]} if job_id in statuses else {})
+                | ({"compensations": follow[job_id]} if job_id in follow else {})
                 for job_id in ids
             ]
         )
     else:
         for job_id in ids:
-            words = _CANCEL_WORDS[outcomes[job_id]].format(status=statuses.get(job_id, "?"))
+            words = cancel_words(outcomes[job_id], statuses.get(job_id, "?"), follow.get(job_id))
             say(f"job {job_id}: {words}")
     found = set(outcomes.values())
     if CancelOutcome.NOT_FOUND in found:

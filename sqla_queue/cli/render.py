@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import sys
+import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TextIO
@@ -178,6 +179,15 @@ class Column:
     #: Where a cut text loses characters: names their middle (both ends tell them apart),
     #: messages their end.
     cut: Literal["middle", "end"] = "middle"
+    #: The texts that say "nothing here" in this column. A droppable column whose every
+    #: row holds one of them (``finished`` of jobs not finished, a count of zero) goes
+    #: before any column that holds a value, whatever its ``drop``: a narrow terminal
+    #: keeps what it can show, and cuts nothing to keep a column of dashes.
+    blank: tuple[str, ...] = ("-",)
+    #: A cut column (``least``) whose whole text matters more than the droppable columns:
+    #: they go, in their order, before it is cut (a wait's ``signal:payment_received``
+    #: before a column of versions). It is cut only once none is left to drop.
+    whole: bool = False
 
 
 def _cell_len(text: str) -> int:
@@ -211,8 +221,17 @@ def fit_line(text: str, width: int | None, *, cut: Literal["middle", "end"] = "e
     return _take(text, head) + _ELLIPSIS + _take(reversed(text), tail)[::-1]
 
 
-def _layout(columns: Sequence[Column], natural: list[int], width: int | None) -> dict[int, int]:
-    """The columns to show (by index) and the width of each, for a table of ``width``."""
+def _layout(
+    columns: Sequence[Column],
+    natural: list[int],
+    width: int | None,
+    blank: Sequence[bool] = (),
+) -> dict[int, int]:
+    """The columns to show (by index) and the width of each, for a table of ``width``.
+
+    ``blank[i]`` says that column ``i`` holds no value in any row: such droppable columns
+    go first, then the others in their ``drop`` order."""
+    empty = list(blank) or [False] * len(columns)
     least = [
         max(min(size, column.least), _cell_len(column.header)) if column.least is not None else size
         for column, size in zip(columns, natural, strict=True)
@@ -221,15 +240,24 @@ def _layout(columns: Sequence[Column], natural: list[int], width: int | None) ->
     if width is None:
         return {index: natural[index] for index in shown}
 
-    def needed() -> int:
-        return sum(least[index] for index in shown) + len(_GAP) * (len(shown) - 1)
+    whole = {index for index, column in enumerate(columns) if column.whole}
+
+    def needed(*, whole_too: bool = False) -> int:
+        sizes = (
+            natural[index] if whole_too and index in whole else least[index] for index in shown
+        )
+        return sum(sizes) + len(_GAP) * (len(shown) - 1)
 
     droppable = sorted(
-        ((column.drop, -index) for index, column in enumerate(columns) if column.drop is not None)
+        (not empty[index], column.drop, -index)
+        for index, column in enumerate(columns)
+        if column.drop is not None
     )
-    for _, negative_index in droppable:
-        if needed() <= width:
+    for _, _, negative_index in droppable:
+        if needed(whole_too=True) <= width:
             break
+        if -negative_index in whole and needed() <= width:
+            continue  # a whole column is cut, not dropped, while the table fits
         shown.remove(-negative_index)
     widths = {index: least[index] for index in shown}
     spare = width - needed()
@@ -264,7 +292,11 @@ def table_lines(
         max(_cell_len(text) for text, _ in (header[index], *(row[index] for row in body)))
         for index in range(len(columns))
     ]
-    widths = _layout(columns, natural, width)
+    blank = [
+        bool(body) and all(row[index][0] in column.blank for row in body)
+        for index, column in enumerate(columns)
+    ]
+    widths = _layout(columns, natural, width, blank)
     lines = []
     for row in (header, *body):
         line = Text(no_wrap=True)
@@ -283,7 +315,9 @@ def table_lines(
     hidden = [column.header for index, column in enumerate(columns) if index not in widths]
     if hidden:
         note = f"(hidden, too narrow: {', '.join(hidden)}; --json shows all)"
-        lines.append(Text(fit_line(note, width), style="dim", no_wrap=True))
+        # Wrapped, never cut: the note names what is missing, and where to find it.
+        for part in textwrap.wrap(note, width) if width and width > 20 else [note]:
+            lines.append(Text(fit_line(part, width), style="dim", no_wrap=True))
     return lines
 
 

@@ -165,21 +165,24 @@ def _at_least(value: int, capped: bool) -> str:
 
 
 # The columns go in their drop order when the terminal is narrow (the task never does):
-# first the ones a glance can do without, last the pending and running counts.
+# first the counts with nothing to show (every row 0 or "-": see Column.blank), then the
+# ones a glance can do without, last the pending and running counts. A column with a value
+# (the suspended jobs the summary counts) stays while one without any goes.
+_ZERO = ("0", "-")
 _TASK_COLUMNS = (
     Column("task", least=TASK_WIDTH),
     Column("pending", right=True, drop=10),
-    Column("sched", right=True, drop=2),
-    Column("waiting", right=True, drop=3),
+    Column("sched", right=True, drop=2, blank=_ZERO),
+    Column("waiting", right=True, drop=3, blank=_ZERO),
     Column("running", right=True, drop=9),
-    # A durable job's wait: 0 on queues without durable jobs, so it goes early.
-    Column("suspended", right=True, drop=3),
+    # A durable job's wait: 0 on queues without durable jobs, so it goes early then.
+    Column("suspended", right=True, drop=3, blank=_ZERO),
     Column("oldest", right=True, drop=6),
     Column("seats", right=True, drop=4),
     Column("paused", drop=7),
-    Column("fail/24h", right=True, drop=8),
-    Column("done/1m", right=True, drop=1),
-    Column("done/1h", right=True, drop=5),
+    Column("fail/24h", right=True, drop=8, blank=_ZERO),
+    Column("done/1m", right=True, drop=1, blank=_ZERO),
+    Column("done/1h", right=True, drop=5, blank=_ZERO),
 )
 
 _WORKER_COLUMNS = (
