@@ -107,36 +107,54 @@ class StepBlock:
         )
 
     def __enter__(self) -> StepBlock:
+        self._run.begin(self.name, StepKind.STEP)
         face = self._face_for(False)
         face.read(self._run.load())
         if (stored := self._mismatched()) is not None:
             face.mismatch(stored, self.version)
+        self._run.open_step(self.name)
         return self._replayed()
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         face = self._face_for(False)
-        if exc is not None:
-            face.rollback()
-        elif not self.done:
-            face.commit(self._exit_flow())
+        ran = False
+        try:
+            if exc is not None:
+                face.rollback()
+            elif not self.done:
+                face.commit(self._exit_flow())
+                ran = True
+            else:
+                ran = True
+        finally:
+            self._run.close_step(self.name, ran=ran)
 
     async def __aenter__(self) -> StepBlock:
+        self._run.begin(self.name, StepKind.STEP)
         face = self._face_for(True)
         await face.read(self._run.load())
         if (stored := self._mismatched()) is not None:
             await face.mismatch(stored, self.version)
+        self._run.open_step(self.name)
         return self._replayed()
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         face = self._face_for(True)
-        if exc is not None:
-            await face.rollback()
-        elif not self.done:
-            await face.commit(self._exit_flow())
+        ran = False
+        try:
+            if exc is not None:
+                await face.rollback()
+            elif not self.done:
+                await face.commit(self._exit_flow())
+                ran = True
+            else:
+                ran = True
+        finally:
+            self._run.close_step(self.name, ran=ran)
 
 
 class Batch:
@@ -207,25 +225,76 @@ class Cursor:
         return stored if step_mismatch(stored, StepKind.CURSOR, self.version) else None
 
     def __iter__(self) -> Iterator[Batch]:
-        face = self._face_for(False)
-        face.read(self._run.load())
-        if (stored := self._mismatched()) is not None:
-            face.mismatch(stored, self.version)
-        batch = self._first()
-        while batch is not None:
-            yield batch
-            flow, following = self._after(batch)
-            face.commit(flow)
-            batch = following
+        return _CursorIterator(self, self._face_for(False))
 
-    async def __aiter__(self) -> AsyncIterator[Batch]:
-        face = self._face_for(True)
-        await face.read(self._run.load())
-        if (stored := self._mismatched()) is not None:
-            await face.mismatch(stored, self.version)
-        batch = self._first()
-        while batch is not None:
-            yield batch
-            flow, following = self._after(batch)
+    def __aiter__(self) -> AsyncIterator[Batch]:
+        return _CursorIterator(self, self._face_for(True))
+
+
+class _CursorIterator:
+    """One loop over a :class:`Cursor`, blocking (``for``) or awaited (``async for``).
+
+    A class rather than a generator: a loop left with ``break`` (or an error) drops it at
+    once, so the run sees that no batch is open any more (an async generator would stay
+    alive until the event loop closes it).
+    """
+
+    def __init__(self, cursor: Cursor, face: Face) -> None:
+        self._cursor = cursor
+        self._face = face
+        self._batch: Batch | None = None
+        self._started = False
+
+    def _start(self) -> None:
+        self._cursor._run.begin(self._cursor.name, StepKind.CURSOR)
+        self._cursor._run.start_cursor(self._cursor.name)
+
+    def _hand_out(self, batch: Batch | None) -> Batch:
+        self._batch = batch
+        if batch is None:
+            raise StopIteration
+        self._cursor._run.open_batch(self._cursor.name, self)
+        return batch
+
+    def __iter__(self) -> _CursorIterator:
+        return self
+
+    def __next__(self) -> Batch:
+        cursor, face = self._cursor, self._face
+        if not self._started:
+            self._start()
+            self._started = True
+            face.read(cursor._run.load())
+            if (stored := cursor._mismatched()) is not None:
+                face.mismatch(stored, cursor.version)
+            return self._hand_out(cursor._first())
+        if self._batch is None:
+            raise StopIteration
+        cursor._run.close_batch()
+        flow, following = cursor._after(self._batch)
+        self._batch = None
+        face.commit(flow)
+        return self._hand_out(following)
+
+    def __aiter__(self) -> _CursorIterator:
+        return self
+
+    async def __anext__(self) -> Batch:
+        cursor, face = self._cursor, self._face
+        try:
+            if not self._started:
+                self._start()
+                self._started = True
+                await face.read(cursor._run.load())
+                if (stored := cursor._mismatched()) is not None:
+                    await face.mismatch(stored, cursor.version)
+                return self._hand_out(cursor._first())
+            if self._batch is None:
+                raise StopIteration
+            cursor._run.close_batch()
+            flow, following = cursor._after(self._batch)
+            self._batch = None
             await face.commit(flow)
-            batch = following
+            return self._hand_out(following)
+        except StopIteration:
+            raise StopAsyncIteration from None

@@ -17,7 +17,12 @@ from typing import Any
 from sqla_queue.conversation import Flow, Step
 from sqla_queue.durable.statements import DurableStatements
 from sqla_queue.enqueue import TaskDefaults, job_row
+from sqla_queue.models.tables import QueueTables
 from sqla_queue.spec import JobSpec
+from sqla_queue.statements.compensations import (
+    ReopenParams,
+    reopen_compensated_statement,
+)
 
 __all__ = [
     "COMPENSATIONS_PER_SWEEP",
@@ -25,6 +30,7 @@ __all__ = [
     "compensation_spec",
     "compensations_flow",
     "encode_compensation",
+    "reopen_compensated_flow",
 ]
 
 #: Jobs whose compensations one sweep enqueues, at most.
@@ -90,3 +96,22 @@ def compensations_flow(
         {"jobs": [r.job_id for r in rows], "names": [r.name for r in rows], "ids": ids},
     )
     return ids
+
+
+def reopen_compensated_flow(
+    tables: QueueTables, requeued: list[int]
+) -> Flow[list[tuple[int, str]]]:
+    """After a requeue put jobs ``requeued`` back: the steps whose compensation was
+    enqueued start again, so the job's next run does their work again rather than
+    replaying results that were undone. Returns the reopened ``(job id, step name)``.
+
+    In the requeue's transaction, after its update, which waited for a compensation
+    sweep that held one of the jobs: a step is either compensated before the requeue (and
+    reopened here) or never (it stays done). See
+    :func:`~sqla_queue.statements.compensations.reopen_compensated_statement`.
+    """
+    if not requeued:
+        return []
+    params: ReopenParams = {"ids": sorted(requeued)}
+    rows: Sequence[Any] = yield Step(reopen_compensated_statement(tables), params)
+    return sorted((int(r.job_id), str(r.name)) for r in rows)

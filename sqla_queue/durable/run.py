@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -127,6 +128,13 @@ class DurableRun:
         self.worker_id = worker_id
         self._stored: dict[str, StoredStep] | None = None
         self._counts: dict[str, int] = {}
+        # The step whose block is open, and the cursor iterator whose batch runs now (a
+        # weak reference: a loop left with ``break`` drops its iterator at once).
+        self._open_step: str | None = None
+        self._open_batch: Callable[[], Any] | None = None
+        self._open_cursor: str | None = None
+        # The steps and cursors that ran in this run of the handler, by name.
+        self._used: dict[str, str] = {}
 
     @property
     def fence(self) -> FenceParams:
@@ -168,6 +176,64 @@ class DurableRun:
         count = self._counts.get(prefix, 0) + 1
         self._counts[prefix] = count
         return f"{prefix}#{count}"
+
+    def _inside(self) -> str | None:
+        """What is open now: ``step 'x'``, ``cursor 'y'`` (a batch runs), or ``None``."""
+        if self._open_step is not None:
+            return f"step {self._open_step!r}"
+        if self._open_batch is not None and self._open_batch() is not None:
+            return f"a batch of cursor {self._open_cursor!r}"
+        return None
+
+    def begin(self, name: str, kind: str) -> None:
+        """Check that a step or cursor ``name`` may begin now, before anything is sent.
+
+        Refused (:class:`RuntimeError`) inside another step's block or a cursor's batch:
+        the inner one would commit the outer one's writes early, and a retry would write
+        them again. Refused (:class:`ValueError`) when a step or cursor of this name ran
+        already in this run: it would return the first one's result instead of running.
+        """
+        inside = self._inside()
+        if inside is not None:
+            raise RuntimeError(
+                f"job {self.job_id}: {kind} {name!r} begins inside {inside}: steps and "
+                "cursors do not nest (the inner one would commit the outer one's writes "
+                "early, and a retry would write them again); make it a step of its own "
+                "after the block, or do its work inside the outer one"
+            )
+        used = self._used.get(name)
+        if used is not None:
+            raise ValueError(
+                f"job {self.job_id}: {kind} {name!r} runs twice in one run (a {used} of "
+                f"that name ran already): it would return the first one's result without "
+                f"running; give each its own name (in a loop, put the item in it: "
+                f'f"{name}:{{item}}")'
+            )
+
+    def open_step(self, name: str) -> None:
+        """Step ``name``'s block is entered (after :meth:`begin`)."""
+        self._open_step = name
+
+    def close_step(self, name: str, *, ran: bool) -> None:
+        """Step ``name``'s block is left; ``ran``: it committed or was replayed (its name
+        is then used for this run)."""
+        self._open_step = None
+        if ran:
+            self._used[name] = StepKind.STEP
+
+    def start_cursor(self, name: str) -> None:
+        """Cursor ``name``'s loop begins (after :meth:`begin`): its name is used."""
+        self._used[name] = StepKind.CURSOR
+
+    def open_batch(self, name: str, iterator: Any) -> None:
+        """Cursor ``name``'s ``iterator`` hands out a batch."""
+        self._open_cursor = name
+        self._open_batch = weakref.ref(iterator)
+
+    def close_batch(self) -> None:
+        """The current batch of a cursor ended."""
+        self._open_batch = None
+        self._open_cursor = None
 
     def _remember(self, name: str, kind: str, version: int, result: Any) -> None:
         if self._stored is not None:

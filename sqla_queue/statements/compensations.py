@@ -14,9 +14,20 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from sqlalchemy import BigInteger, Integer, Select, Text, bindparam, func, select, update
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    Select,
+    Text,
+    any_,
+    bindparam,
+    delete,
+    func,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.sql.dml import ReturningUpdate
+from sqlalchemy.sql.dml import ReturningDelete, ReturningUpdate
 
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements._common import CANCELLED, FAILED
@@ -24,8 +35,10 @@ from sqla_queue.statements._common import CANCELLED, FAILED
 __all__ = [
     "CompensationsDueParams",
     "MarkCompensatedParams",
+    "ReopenParams",
     "compensations_due_statement",
     "mark_compensated_statement",
+    "reopen_compensated_statement",
 ]
 
 
@@ -41,6 +54,35 @@ class MarkCompensatedParams(TypedDict):
     jobs: list[int]
     names: list[str]
     ids: list[int]
+
+
+class ReopenParams(TypedDict):
+    """The jobs (requeued ones) whose compensated steps start again."""
+
+    ids: list[int]
+
+
+def reopen_compensated_statement(tables: QueueTables) -> ReturningDelete[Any]:
+    """Delete the checkpoints of jobs ``ids`` whose compensation was enqueued: when a
+    requeued job runs again, those steps run again (their work was undone), instead of
+    replaying the undone result. Parameters: :class:`ReopenParams`. Returns ``(job_id,
+    name)`` of each reopened step.
+
+    Sent by a requeue after its update of the jobs, as a statement of its own: the sweep
+    (:func:`compensations_due_statement`) locks its jobs ``FOR NO KEY UPDATE SKIP
+    LOCKED``, so a sweep that holds a job makes the requeue's update wait until it has
+    committed its marks, which this statement's fresh snapshot then sees; and a sweep that
+    comes after the update skips the job, then finds it queued.
+    """
+    steps = tables.job_steps
+    return (
+        delete(steps)
+        .where(
+            steps.c.job_id == any_(bindparam("ids", type_=ARRAY(BigInteger))),
+            steps.c.compensated_by.is_not(None),
+        )
+        .returning(steps.c.job_id, steps.c.name)
+    )
 
 
 def compensations_due_statement(tables: QueueTables) -> Select[Any]:
