@@ -80,6 +80,7 @@ _GROUPS = {
             "test_workflow_stress.py",
             "test_durable_stress.py",
             "test_multihost.py",
+            "test_beside_the_app.py",
             # tests/integration has a test_key_order.py of its own, in one process.
             "acceptance/test_key_order.py",
         ),
