@@ -87,6 +87,27 @@ def advisory_locks(engine: Engine, pid: int) -> list[tuple[str, bool]]:
         return [(row.mode, row.granted) for row in rows]
 
 
+def waiting_for_room(engine: Engine, pid: int) -> bool:
+    """Whether backend ``pid`` is a bounded enqueue waiting for room: it holds its task's
+    enqueue lock, and sits idle in its transaction after counting the pending jobs (the
+    count is the statement that reads ``transaction_isolation``), between two counts."""
+    with engine.connect() as connection:
+        row = connection.execute(
+            text("SELECT state, query FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+        ).one_or_none()
+    return (
+        row is not None
+        and row.state == "idle in transaction"
+        and "transaction_isolation" in row.query
+        and advisory_locks(engine, pid) == [("ExclusiveLock", True)]
+    )
+
+
+def wait_until_waiting_for_room(engine: Engine, pids: list[int]) -> None:
+    """Wait until the enqueue whose backend ``pids`` names (once it has one) waits for room."""
+    wait_for(lambda: bool(pids) and waiting_for_room(engine, pids[0]), timeout=10, interval=0.02)
+
+
 class Background:
     """Run ``fn`` in a thread; ``result()`` returns its value or raises its exception."""
 
@@ -199,17 +220,21 @@ def test_a_rolled_back_enqueue_takes_no_room(engine: Engine) -> None:
 
 def test_a_waiting_enqueue_succeeds_once_another_connection_frees_room(engine: Engine) -> None:
     ids = fill(engine)
+    pids: list[int] = []
 
     def enqueue() -> int:
         with Session(engine) as session, session.begin():
+            pids.append(backend_pid(session))
             return bq.capped.options(wait_if_full=15).enqueue(session, 99)
 
     call = Background(enqueue)
-    time.sleep(0.4)
+    wait_until_waiting_for_room(engine, pids)
+    waited = time.monotonic() - call.started
     assert call.thread.is_alive()  # still waiting: nothing freed room yet
+    assert pending(engine) == bq.CAPPED  # and it wrote nothing
     assert queue.cancel(engine, [ids[0]]) == {ids[0]: "cancelled"}
     new_id = call.result()
-    assert 0.4 <= call.elapsed < 5.0
+    assert waited <= call.elapsed < 5.0
     assert new_id > ids[-1]
     assert pending(engine) == bq.CAPPED
 
@@ -217,12 +242,15 @@ def test_a_waiting_enqueue_succeeds_once_another_connection_frees_room(engine: E
 def test_a_waiting_enqueue_succeeds_once_a_worker_frees_room(engine: Engine) -> None:
     fill(engine)
 
+    pids: list[int] = []
+
     def enqueue() -> int:
         with Session(engine) as session, session.begin():
+            pids.append(backend_pid(session))
             return bq.capped.options(wait_if_full=20).enqueue(session, 99)
 
     call = Background(enqueue)
-    time.sleep(0.2)
+    wait_until_waiting_for_room(engine, pids)
     assert call.thread.is_alive()
     worker = queue.worker(sessionmaker(engine), tasks=["capped"], poll_interval=0.1)
     with worker_thread(worker):
@@ -424,14 +452,20 @@ def test_a_unique_batch_needs_room_only_for_the_jobs_it_writes(engine: Engine) -
 
 def test_a_waiting_unique_enqueue_holds_its_key_and_then_writes(engine: Engine) -> None:
     ids = fill(engine)
+    pids: list[int] = []
 
     def enqueue() -> int:
         with Session(engine) as session, session.begin():
+            pids.append(backend_pid(session))
             spec = bq.capped.options(unique_key="k", wait_if_full=15)
             return spec.enqueue(session, 1)
 
     call = Background(enqueue)
-    time.sleep(0.3)
+    # It is waiting for room (the task's lock held, between two counts), having written
+    # nothing yet.
+    wait_until_waiting_for_room(engine, pids)
+    assert call.thread.is_alive()
+    assert pending(engine) == bq.CAPPED
     queue.cancel(engine, [ids[0]])
     new_id = call.result()
     with Session(engine) as session, session.begin():

@@ -11,8 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
-import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue import statements
 from sqla_queue.logic.outcomes import Outcome, OutcomeKind
+from sqla_queue.worker.decider.keys import KeyPromotion
 from tests.support.app import ExecutionLog, keyed, queue
 from tests.support.running import wait_for
 
@@ -112,8 +113,18 @@ def test_a_finished_head_nobody_holds_is_deleted_and_its_successor_promoted_at_o
 
 
 def test_a_burst_worker_waits_for_an_enqueue_it_raced_and_runs_its_job(
-    SessionLocal: sessionmaker[Session], engine: Engine
+    SessionLocal: sessionmaker[Session], engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Each time the worker tried to clear the key's finished row and found it held.
+    parked_tries: list[set[str]] = []
+    cleared = KeyPromotion.cleared
+
+    def noting(self: KeyPromotion, results: Sequence[Sequence[Any]], now: float) -> None:
+        if results:
+            parked_tries.append({row[0] for row in results[0]})
+        cleared(self, results, now)
+
+    monkeypatch.setattr(KeyPromotion, "cleared", noting)
     with SessionLocal.begin() as session:
         head = keyed.options(queue_id="acct").enqueue(session, key="acct", seq=0, pause=0.5)
     worker = queue.worker(SessionLocal, concurrency=2, poll_interval=0.05)
@@ -127,10 +138,19 @@ def test_a_burst_worker_waits_for_an_enqueue_it_raced_and_runs_its_job(
     later = keyed.options(queue_id="acct").enqueue(enqueuer, key="acct", seq=1)
     # The head finishes while the enqueue is open: its row stays parked as done.
     wait_for(lambda: _states(engine).get(head) == "done", timeout=10)
-    time.sleep(0.5)
-    assert runner.is_alive(), "the burst worker stopped with a job of its key still owed"
-    enqueuer.commit()
-    enqueuer.close()
+    # The worker tries to clear the parked row, finds it held by the enqueue's lock (SKIP
+    # LOCKED), and must go on trying: counted by its tries, not by the clock.
+    before = len(parked_tries)
+    try:
+        wait_for(
+            lambda: sum("acct" in t for t in parked_tries[before:]) >= 3 or not runner.is_alive(),
+            timeout=10,
+        )
+        assert runner.is_alive(), "the burst worker stopped with a job of its key still owed"
+        assert _states(engine).get(head) == "done"  # it never got past the enqueue's lock
+    finally:
+        enqueuer.commit()  # even on failure: the burst worker must be able to end
+        enqueuer.close()
     runner.join(timeout=30)
     assert not runner.is_alive()
 

@@ -25,6 +25,7 @@ from sqla_queue import UnknownTaskError, statements
 from sqla_queue.controls import RateLimit
 from sqla_queue.statements.controls import rate_lock_statement
 from tests.support.app import ExecutionLog, noop, queue, record, sleepy
+from tests.support.lifecycle import backend_pid, wait_until_blocked
 from tests.support.limited import limited1
 from tests.support.running import states, wait_for, worker_thread
 
@@ -174,9 +175,12 @@ def test_a_rated_claim_waits_for_the_window_held_by_another_claim(engine: Engine
             result["rows"] = rated_claim(b, 5)
             b.commit()
 
+        b_pid = backend_pid(b)
+        b.rollback()
         thread = threading.Thread(target=claim_b)
         thread.start()
-        time.sleep(0.3)
+        # B's lock statement waits on A's lock of the control row (seen in pg_stat_activity).
+        wait_until_blocked(engine, b_pid)
         assert thread.is_alive(), "B claimed while A held the control row"
         a.commit()
         thread.join(10)

@@ -10,8 +10,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import URL, Connection, Engine, create_engine, event, func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from sqla_queue import RunStats
 from tests.support.app import queue
@@ -93,26 +94,56 @@ def states(SessionLocal: sessionmaker[Session], ids: list[int]) -> dict[str, int
 
 class Blocked:
     """Run ``fn`` (a statement that should wait for another transaction's lock) in a
-    thread: :meth:`still_waiting` proves it waits, :meth:`value` returns what it returned
-    once it went on (or raises what it raised)."""
+    thread: :meth:`still_waiting` proves it waits on a lock, :meth:`value` returns what it
+    returned once it went on (or raises what it raised).
+
+    The backends ``fn`` sends statements on from its thread are noted as it sends them
+    (an engine event), so :meth:`still_waiting` can look each one up in
+    ``pg_stat_activity``: a thread that has not started yet, or one busy elsewhere, is not
+    taken for a blocked one.
+    """
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.result: list[Any] = []
         self.error: list[BaseException] = []
+        #: Backend pids ``fn`` sent statements on, with the URL of their server.
+        self.backends: dict[int, URL] = {}
 
         def run() -> None:
+            _BLOCKED[threading.get_ident()] = self
             try:
                 self.result.append(fn())
             except BaseException as exc:  # re-raised by value()
                 self.error.append(exc)
+            finally:
+                _BLOCKED.pop(threading.get_ident(), None)
 
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
 
-    def still_waiting(self, seconds: float = 0.5) -> bool:
-        """Whether ``fn`` is still running after ``seconds``."""
-        self.thread.join(seconds)
-        return self.thread.is_alive()
+    def still_waiting(self, timeout: float = 10.0) -> bool:
+        """Whether ``fn`` waits on a lock: True as soon as a backend it sent a statement on
+        is seen waiting for a lock in ``pg_stat_activity``; False if ``fn`` ends first, or
+        if it is not seen waiting within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        engines: dict[URL, Engine] = {}
+        try:
+            while time.monotonic() < deadline:
+                for pid, url in list(self.backends.items()):
+                    engine = engines.get(url)
+                    if engine is None:
+                        engine = engines[url] = create_engine(
+                            url, poolclass=NullPool, isolation_level="AUTOCOMMIT"
+                        )
+                    if _waits_on_lock(engine, pid):
+                        return self.thread.is_alive()
+                if not self.thread.is_alive():
+                    return False
+                time.sleep(0.02)
+            return False
+        finally:
+            for engine in engines.values():
+                engine.dispose()
 
     def value(self) -> Any:
         """What ``fn`` returned; fails the test if it has not finished within 15 s."""
@@ -121,3 +152,36 @@ class Blocked:
         if self.error:
             raise self.error[0]
         return self.result[0]
+
+
+#: The running :class:`Blocked`, by the ident of the thread that runs its ``fn``.
+_BLOCKED: dict[int, Blocked] = {}
+
+
+@event.listens_for(Engine, "before_cursor_execute")
+def _note_backend(
+    connection: Connection,
+    cursor: Any,
+    statement: str,
+    parameters: Any,
+    context: Any,
+    executemany: bool,
+) -> None:
+    """Note the backend of a statement sent from a :class:`Blocked` thread."""
+    blocked = _BLOCKED.get(threading.get_ident())
+    if blocked is None:
+        return
+    info = getattr(connection.connection.dbapi_connection, "info", None)
+    pid = getattr(info, "backend_pid", None)  # psycopg 3
+    if isinstance(pid, int):
+        blocked.backends[pid] = connection.engine.url
+
+
+def _waits_on_lock(engine: Engine, pid: int) -> bool:
+    """Whether backend ``pid`` waits for a lock (a heavyweight lock: a row's, a table's,
+    an advisory one) right now."""
+    with engine.connect() as connection:
+        kind = connection.execute(
+            text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+        ).scalar()
+    return kind == "Lock"
