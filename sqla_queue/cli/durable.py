@@ -40,6 +40,7 @@ from sqla_queue.cli.values import non_empty, whole_number
 from sqla_queue.durable import Signalled, StepRecord, StepVersion
 from sqla_queue.errors import JobNotFoundError
 from sqla_queue.listing import JobRow, list_jobs
+from sqla_queue.workflows.listing import workflow_of_job
 
 __all__ = [
     "DURABLE_HELP",
@@ -165,14 +166,23 @@ def run_job(args: argparse.Namespace) -> int:
     with connected(args) as (queue, connection):
         found = list_jobs(connection, queue.tables, ids=[args.id], limit=1)
         steps = queue.job_steps(connection, args.id) if found else []
+        # A held workflow node: say which parent to requeue, and the command.
+        held = found and found[0].state == "held"
+        node = workflow_of_job(connection, queue.tables, args.id) if held else None
     if not found:
         say(f"sqla-queue: no job has the id {args.id}", file=sys.stderr)
         return EXIT_NOT_FOUND
     assert isinstance(steps, list)
+    hint = node.resume_hint(args.queue) if node is not None else None
     if args.json:
-        print_json({"job": found[0].as_json(), "steps": [step_json(s) for s in steps]})
+        print_json(
+            {"job": found[0].as_json(), "steps": [step_json(s) for s in steps]}
+            | ({"resume": hint} if hint else {})
+        )
     else:
         _print_job(found[0], steps)
+        if hint:
+            say(hint)
     return EXIT_OK
 
 

@@ -100,7 +100,9 @@ values. In a narrow terminal the last columns give way (--json has them all).
 states: queued (every job not finished yet), succeeded, failed, cancelled, and the
 states of a queued job: running, cancelling (running, asked to stop), waiting (behind
 its queue_id), scheduled (due later), pending (due now), suspended (a durable job in a
-wait). When suspended jobs are listed, two more columns say what each waits for (sleep,
+wait), blocked (a workflow node waiting for its parents), held (a workflow node waiting
+for its failed parent's requeue: `sqla-queue job ID` names it). When suspended jobs
+are listed, two more columns say what each waits for (sleep,
 signal:NAME, row:CONDITION:KEY, version:STEP) and until when ("no deadline": until its
 signal, row or an operator; `sqla-queue signal` sends one). `sqla-queue job ID` shows
 one job with its committed steps.

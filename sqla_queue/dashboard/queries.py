@@ -102,7 +102,8 @@ def read_job(connection: Connection, tables: QueueTables, job_id: int) -> dict[s
     """Job ``job_id`` as a dict of the columns of
     :func:`~sqla_queue.statements.dashboard.job_detail_statement`, plus ``workflow_id``
     and ``workflow_node`` (its workflow and node name when it is a workflow's node, else
-    ``None``); ``None`` when there is no such job."""
+    ``None``) and ``workflow_held_by`` (for a held node, the failed parent to requeue);
+    ``None`` when there is no such job."""
     if not 1 <= job_id <= BIGINT_MAX:
         return None
     row = connection.execute(job_detail_statement(tables), {"id": job_id}).first()
@@ -113,6 +114,8 @@ def read_job(connection: Connection, tables: QueueTables, job_id: int) -> dict[s
         **row._mapping,
         "workflow_id": node.workflow_id if node is not None else None,
         "workflow_node": node.name if node is not None else None,
+        # A held node: the failed parent to requeue to resume it.
+        "workflow_held_by": node.failed_parent if node is not None else None,
     }
 
 

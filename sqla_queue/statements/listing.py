@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from sqla_queue.models.tables import JobStatus, QueueTables
+from sqla_queue.models.tables import JobStatus, NodeState, QueueTables
 from sqla_queue.statements._common import PENDING, QUEUED, RUNNING, SUSPENDED, state_literal
 from sqla_queue.statements.durable import NO_DEADLINE_YEAR
 
@@ -38,16 +38,29 @@ __all__ = [
     "job_listing_statement",
     "job_state",
     "job_wait",
+    "oldest_live",
 ]
 
 #: What a job still queued shows as (:attr:`sqla_queue.Job.state`): running, running and
-#: asked to stop, behind its ``queue_id``, due later, due now, or a durable job suspended
-#: in a wait (a sleep, a signal, a row, a step version).
-LIVE_STATES = ("running", "cancelling", "waiting", "scheduled", "pending", "suspended")
+#: asked to stop, behind its ``queue_id``, due later, due now, a durable job suspended
+#: in a wait (a sleep, a signal, a row, a step version), or a workflow's node that waits
+#: for its parents (``blocked``) or for an operator to requeue a failed one (``held``).
+LIVE_STATES = (
+    "running",
+    "cancelling",
+    "waiting",
+    "scheduled",
+    "pending",
+    "suspended",
+    "blocked",
+    "held",
+)
 #: Every word :func:`job_listing_statement` can filter on: the statuses (``queued`` is
 #: every live state), then the live states.
 JOB_STATES = (*JobStatus.ALL, *LIVE_STATES)
 
+
+_UNDECIDED = [state_literal(s) for s in NodeState.UNDECIDED]
 
 # The year of FOREVER_SQL (sqla_queue.statements.durable): a due time in it is no deadline.
 
@@ -75,7 +88,7 @@ def job_state(tables: QueueTables) -> Any:
     The job's final status once it finished; else, from its execution: ``running``,
     ``cancelling`` (running, asked to stop), ``waiting`` (behind its ``queue_id``),
     ``scheduled`` (due later), ``pending`` (due now) or ``suspended`` (a durable job in a
-    wait). An expression over ``jobs``: the
+    wait); without one, a workflow node's ``blocked`` or ``held``. An expression over ``jobs``: the
     execution is read by a subquery on its primary key, and only for a job still queued.
     """
     jobs = tables.jobs
@@ -103,7 +116,27 @@ def job_state(tables: QueueTables) -> Any:
         .where(ex.c.id == jobs.c.id)
         .scalar_subquery()
     )
-    return case((jobs.c.status != QUEUED, jobs.c.status), else_=func.coalesce(live, QUEUED))
+    # A workflow's node that waits has no execution: its node's state says why.
+    nodes = tables.workflow_nodes
+    waiting = (
+        select(nodes.c.state)
+        .where(nodes.c.job_id == jobs.c.id, nodes.c.state.in_(_UNDECIDED))
+        .scalar_subquery()
+    )
+    return case(
+        (jobs.c.status != QUEUED, jobs.c.status), else_=func.coalesce(live, waiting, QUEUED)
+    )
+
+
+def oldest_live(tables: QueueTables) -> Any:
+    """The smallest id a queued job can have: the oldest execution's, or the oldest
+    waiting workflow node's (which has none). One probe of each primary key."""
+    ex = tables.executions
+    nodes = tables.workflow_nodes
+    return func.least(
+        select(func.min(ex.c.id)).scalar_subquery(),
+        select(func.min(nodes.c.job_id)).where(nodes.c.state.in_(_UNDECIDED)).scalar_subquery(),
+    )
 
 
 def job_wait(tables: QueueTables) -> tuple[Any, Any]:
@@ -150,13 +183,13 @@ def job_listing_statement(
     ``about_ix`` (a linked row), ``unique_key_ix`` (a key) or ``failed_ix`` (failed jobs)
     when the planner finds them more selective; the executions table only by primary key,
     a few probes per queued job looked at (:func:`job_state`, :func:`job_wait`). A filter
-    on live states alone stops the walk at the oldest execution's id: no job older than
-    that is still queued. The jobs table has no index on ``status`` or ``queue_id`` (each
-    would cost every enqueue and completion): a rare final status, or a ``queue_id`` with
-    few jobs, is found by walking the jobs newest first until ``limit`` match.
+    on live states alone stops the walk at the oldest execution's id, or the oldest
+    waiting workflow node's (:func:`oldest_live`): no job older than that is still
+    queued. The jobs table has no index on ``status`` or ``queue_id`` (each would cost
+    every enqueue and completion): a rare final status, or a ``queue_id`` with few jobs,
+    is found by walking the jobs newest first until ``limit`` match.
     """
     jobs = tables.jobs
-    ex = tables.executions
     unknown = sorted(set(states) - set(JOB_STATES))
     if unknown:
         raise ValueError(f"unknown job states {unknown}; use some of {', '.join(JOB_STATES)}")
@@ -201,7 +234,7 @@ def job_listing_statement(
         if not final:
             # Only live jobs: none is older than the oldest execution (one probe of its
             # primary key), so the walk stops there instead of at the first job ever.
-            filters.append(jobs.c.id >= select(func.min(ex.c.id)).scalar_subquery())
+            filters.append(jobs.c.id >= oldest_live(tables))
     if tasks:
         filters.append(jobs.c.task == any_(bindparam("tasks", type_=ARRAY(Text))))
     if about:

@@ -90,9 +90,26 @@ def workflow_listing_statement(tables: QueueTables, *, before: bool = False) -> 
 
 
 def node_workflow_statement(tables: QueueTables) -> Select[Any]:
-    """``(workflow_id, name)`` of the node whose job is ``job_id`` (``bigint``), by the
-    nodes' primary key: no row for a job outside every workflow."""
+    """``(workflow_id, name, state, failed_parent)`` of the node whose job is ``job_id``
+    (``bigint``), by the nodes' primary key: no row for a job outside every workflow.
+
+    ``failed_parent`` is, for a ``held`` node, the parent whose failure holds it (the
+    lowest id of those that did not succeed): the job to requeue to resume it.
+    """
     nodes = tables.workflow_nodes
-    return select(nodes.c.workflow_id, nodes.c.name).where(
-        nodes.c.job_id == bindparam("job_id", type_=BigInteger)
+    edges = tables.workflow_edges
+    failed = (
+        select(func.min(edges.c.parent_id))
+        .where(
+            edges.c.child_id == nodes.c.job_id,
+            edges.c.outcome != state_literal(JobStatus.SUCCEEDED),
+        )
+        .scalar_subquery()
     )
+    held = nodes.c.state == state_literal(NodeState.HELD)
+    return select(
+        nodes.c.workflow_id,
+        nodes.c.name,
+        nodes.c.state,
+        case((held, failed), else_=None).label("failed_parent"),
+    ).where(nodes.c.job_id == bindparam("job_id", type_=BigInteger))

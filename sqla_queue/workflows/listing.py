@@ -16,7 +16,7 @@ from sqla_queue._binds import AnyBind, on_connection, tables_for
 from sqla_queue.admin import check_job_ids
 from sqla_queue.checks import check_row_limit
 from sqla_queue.conversation import Flow, Step, run_flow
-from sqla_queue.models.tables import QueueTables
+from sqla_queue.models.tables import NodeState, QueueTables
 from sqla_queue.statements.workflow_listing import (
     SHOWN_STATES,
     WorkflowListingParams,
@@ -127,15 +127,34 @@ def read_workflow(bind: AnyBind, tables: QueueTables, workflow_id: int) -> Any:
 
 @dataclass(frozen=True)
 class NodeOf:
-    """The workflow a job belongs to, and the job's node name in it."""
+    """The workflow a job belongs to, the job's node name in it and the node's state."""
 
     workflow_id: int
     name: str
+    #: The node's :class:`~sqla_queue.models.tables.NodeState` value.
+    state: str = NodeState.RELEASED
+    #: For a held node: the failed parent to requeue to resume it.
+    failed_parent: int | None = None
+
+    def resume_hint(self, app: str = "APP") -> str | None:
+        """How to resume a held node, in a sentence that names the command; else None."""
+        if self.state != NodeState.HELD or self.failed_parent is None:
+            return None
+        parent = self.failed_parent
+        return (
+            f"held: its parent job {parent} did not succeed; fix the cause, then requeue "
+            f"job {parent} to resume it (sqla-queue requeue {app} {parent}, or "
+            "queue.requeue, or Requeue on that job's page)"
+        )
 
 
 def _node_flow(tables: QueueTables, job_id: int) -> Flow[NodeOf | None]:
     rows = yield Step(node_workflow_statement(tables), {"job_id": job_id})
-    return NodeOf(int(rows[0].workflow_id), str(rows[0].name)) if rows else None
+    if not rows:
+        return None
+    row = rows[0]
+    parent = None if row.failed_parent is None else int(row.failed_parent)
+    return NodeOf(int(row.workflow_id), str(row.name), str(row.state), parent)
 
 
 def workflow_of_job(bind: AnyBind, tables: QueueTables, job_id: int) -> Any:

@@ -355,3 +355,63 @@ def test_include_refuses_what_is_not_a_shape() -> None:
     with pytest.raises(ValueError, match="default policy"):
         queue.chord([wf_value.call(1)], then=queue.chain(wf_sum.call()), policy="all_finished")
     assert len(wf) == 0
+
+
+# -- a held node's job reads "held", and says how to resume it -----------------------------
+
+
+def test_a_held_nodes_job_reads_held_and_says_how_to_resume(
+    db_url: str,
+    engine: Engine,
+    SessionLocal: sessionmaker[Session],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sqla_queue.cli.main import main
+    from sqla_queue.listing import list_jobs
+
+    with SessionLocal.begin() as session:
+        handle = held_with_followers().enqueue(session)
+    drain(SessionLocal)
+    first, held, after = handle.jobs["first"], handle.jobs["then"], handle.jobs["after"]
+    with engine.connect() as connection:
+        states = {row.id: row.state for row in list_jobs(connection, queue.tables, limit=50)}
+        assert (states[first], states[held], states[after]) == ("failed", "held", "blocked")
+        # No execution is left at all: "queued" still finds the jobs that wait.
+        waiting = list_jobs(connection, queue.tables, states=["queued"], limit=50)
+        assert sorted(row.id for row in waiting) == sorted([held, after, handle.jobs["last"]])
+        only_held = list_jobs(connection, queue.tables, states=["held"], limit=50)
+        assert [row.id for row in only_held] == [held]
+
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["job", TARGET, "--url", db_url, str(held)]) == 0
+    out = capsys.readouterr().out
+    assert out.split()[:4] == ["job", str(held), "wf_sum", "held"]
+    assert "queued" not in out
+    assert f"requeue job {first} to resume it (sqla-queue requeue {TARGET} {first}" in out
+    assert main(["job", TARGET, "--url", db_url, "--json", str(held)]) == 0
+    shown = capsys.readouterr().out
+    assert '"state": "held"' in shown and f"sqla-queue requeue {TARGET} {first}" in shown
+    assert main(["jobs", TARGET, "--url", db_url, "--status", "queued"]) == 0
+    listed = capsys.readouterr().out
+    assert re.search(rf"^\s*{held}\s.*\bheld\b", listed, re.M)
+    assert re.search(rf"^\s*{after}\s.*\bblocked\b", listed, re.M)
+    # A blocked node's job has nothing to resume.
+    assert main(["job", TARGET, "--url", db_url, str(after)]) == 0
+    assert "requeue" not in capsys.readouterr().out
+
+    pytest.importorskip("starlette", reason="the dashboard extra is not installed")
+    pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*httpx.*deprecated")
+        from starlette.testclient import TestClient
+    with TestClient(queue.dashboard(engine)) as client:
+        page = client.get(f"/jobs/{held}").text
+        assert re.search(r"<h1>Job \d+ <small>wf_sum</small> <span[^>]*state-held", page)
+        note = re.search(r'<p id="job-held">(.*?)</p>', page, re.S)
+        assert note is not None
+        assert f'href="/jobs/{first}"' in note.group(1)
+        assert f"sqla-queue requeue APP {first}" in note.group(1)
+        assert 'id="job-held"' not in client.get(f"/jobs/{after}").text
+        listing = client.get("/jobs", params={"state": "held"}).text
+        assert f'href="/jobs/{held}"' in listing

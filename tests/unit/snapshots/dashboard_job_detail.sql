@@ -1,6 +1,8 @@
 SELECT app.q_jobs.id, app.q_jobs.task, app.q_jobs.payload, app.q_jobs.priority, app.q_jobs.queue_id, app.q_jobs.status, app.q_jobs.attempts, app.q_jobs.max_attempts, app.q_jobs.errors, app.q_jobs.result, app.q_jobs.created_at, app.q_jobs.scheduled_at, app.q_jobs.finished_at, app.q_jobs.unique_key, app.q_jobs.about_table, app.q_jobs.about_key, app.q_jobs.awaited, CASE WHEN (app.q_jobs.status != 'queued') THEN app.q_jobs.status ELSE coalesce((SELECT CASE WHEN (app.q_job_executions.state = 'running') THEN CASE WHEN app.q_job_executions.cancel_requested THEN 'cancelling' ELSE 'running' END WHEN (app.q_job_executions.state = 'pending') THEN CASE WHEN (app.q_job_executions.execute_at > now()) THEN 'scheduled' ELSE 'pending' END ELSE app.q_job_executions.state END AS anon_1 
 FROM app.q_job_executions 
-WHERE app.q_job_executions.id = app.q_jobs.id), 'queued') END AS state, CASE WHEN (app.q_jobs.status = 'queued') THEN (SELECT app.q_job_executions.wait 
+WHERE app.q_job_executions.id = app.q_jobs.id), (SELECT app.q_workflow_nodes.state 
+FROM app.q_workflow_nodes 
+WHERE app.q_workflow_nodes.job_id = app.q_jobs.id AND app.q_workflow_nodes.state IN ('blocked', 'held')), 'queued') END AS state, CASE WHEN (app.q_jobs.status = 'queued') THEN (SELECT app.q_job_executions.wait 
 FROM app.q_job_executions 
 WHERE app.q_job_executions.id = app.q_jobs.id AND app.q_job_executions.state = 'suspended') END AS waits_for, CASE WHEN (app.q_jobs.status = 'queued') THEN (SELECT CASE WHEN (EXTRACT(year FROM app.q_job_executions.execute_at) < 9999) THEN app.q_job_executions.execute_at END AS anon_2 
 FROM app.q_job_executions 
