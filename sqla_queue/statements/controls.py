@@ -125,16 +125,23 @@ def rate_backlog_statement(tables: QueueTables) -> Select[Any]:
 
 
 def rate_lock_statement(tables: QueueTables) -> Select[Any]:
-    """Lock the control row of ``rate_task`` until the transaction ends.
+    """Lock the control row of ``rate_task`` until the transaction ends, if no one else
+    holds it; returns ``(task)``, or no row when another transaction holds it.
 
     It runs as a statement of its own before the rated claim: under READ COMMITTED the
     claim then takes its snapshot after the lock was granted, so it sees every start that
     the previous holder recorded and committed. In one statement, the snapshot would be
-    older than the lock. Parameters: :class:`RateLockParams`.
+    older than the lock. The claim runs only when the row came back. ``SKIP LOCKED``: the
+    holder may be another worker's claim, or an application's transaction that changes
+    the task's controls (``queue.pause``, ``set_rate_limit``) and stays open as long as it
+    likes; the worker claims the task at its next poll instead of waiting for it.
+    Parameters: :class:`RateLockParams`.
     """
     c = tables.controls
     return (
-        select(c.c.task).where(c.c.task == bindparam("rate_task", type_=Text)).with_for_update(of=c)
+        select(c.c.task)
+        .where(c.c.task == bindparam("rate_task", type_=Text))
+        .with_for_update(of=c, skip_locked=True)
     )
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
-import threading
 import time
 import uuid
 from typing import Any
@@ -25,7 +24,6 @@ from sqla_queue import UnknownTaskError, statements
 from sqla_queue.controls import RateLimit
 from sqla_queue.statements.controls import rate_lock_statement
 from tests.support.app import ExecutionLog, noop, queue, record, sleepy
-from tests.support.lifecycle import backend_pid, wait_until_blocked
 from tests.support.limited import limited1
 from tests.support.running import states, wait_for, worker_thread
 
@@ -155,40 +153,55 @@ def test_a_rate_limit_spreads_starts_and_no_window_holds_more(
     assert others_done < times[-1] - times[0]
 
 
-def test_a_rated_claim_waits_for_the_window_held_by_another_claim(engine: Engine) -> None:
-    """The race, forced: A's rated claim holds its transaction open; B's must wait on the
-    control row, and then sees A's starts."""
+def test_a_rated_claim_skips_the_task_while_another_transaction_holds_its_window(
+    engine: Engine,
+) -> None:
+    """The race, forced: A's rated claim holds its transaction open; B's lock statement
+    returns no row at once (it never waits), so B claims nothing; once A committed, B's
+    lock is granted and its claim sees A's starts."""
     with Session(engine) as session, session.begin():
         queue.set_rate_limit(session, "noop", 3, per=60)
         for _ in range(8):
             noop.enqueue(session)
     with engine.connect() as a, engine.connect() as b:
         a.begin()
-        a.execute(LOCK, {"rate_task": "noop"})
+        assert a.execute(LOCK, {"rate_task": "noop"}).all() == [("noop",)]
         first = rated_claim(a, 5)
         assert len([r for r in first if r.id is not None]) == 3
-        result: dict[str, Any] = {}
-
-        def claim_b() -> None:
-            b.begin()
-            b.execute(LOCK, {"rate_task": "noop"})
-            result["rows"] = rated_claim(b, 5)
-            b.commit()
-
-        b_pid = backend_pid(b)
+        b.begin()
+        assert b.execute(LOCK, {"rate_task": "noop"}).all() == [], "B got A's control row"
         b.rollback()
-        thread = threading.Thread(target=claim_b)
-        thread.start()
-        # B's lock statement waits on A's lock of the control row (seen in pg_stat_activity).
-        wait_until_blocked(engine, b_pid)
-        assert thread.is_alive(), "B claimed while A held the control row"
         a.commit()
-        thread.join(10)
-        rows = result["rows"]
+        b.begin()
+        assert b.execute(LOCK, {"rate_task": "noop"}).all() == [("noop",)]
+        rows = rated_claim(b, 5)
+        b.commit()
         assert [r.id for r in rows] == [None]
         assert rows[0].rate_allowance == 0
         assert rows[0].rate_free_at is not None
     assert len(start_times(engine, "noop")) == 3
+
+
+def test_an_app_transaction_holding_a_rated_tasks_controls_never_stalls_the_worker(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    """An application changes a rated task's limit in a transaction it keeps open: the
+    worker goes on with everything else meanwhile, and claims the task once it commits."""
+    with SessionLocal.begin() as session:
+        queue.set_rate_limit(session, "noop", 100, per=1)
+        rated = [noop.enqueue(session) for _ in range(3)]
+    with Session(engine) as app:
+        app.begin()
+        queue.set_rate_limit(app, "noop", 50, per=1)  # holds the control row
+        with SessionLocal.begin() as session:
+            others = [record.enqueue(session, value=str(i)) for i in range(5)]
+        worker = queue.worker(SessionLocal, **FAST)
+        with worker_thread(worker):
+            wait_for(lambda: states(SessionLocal, others) == {"succeeded": 5}, timeout=10)
+            # The rated task waits for the application, and nothing else did.
+            assert states(SessionLocal, rated) == {"queued": 3}
+            app.commit()
+            wait_for(lambda: states(SessionLocal, rated) == {"succeeded": 3}, timeout=10)
 
 
 def test_without_the_lock_two_claims_overrun_the_window(engine: Engine) -> None:
