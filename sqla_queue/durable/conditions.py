@@ -15,19 +15,39 @@ from __future__ import annotations
 
 import hashlib
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, bindparam, event, inspect, select
+from sqlalchemy import (
+    Select,
+    Text,
+    bindparam,
+    cast,
+    event,
+    exists,
+    false,
+    func,
+    inspect,
+    literal_column,
+    select,
+)
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import visitors
 from sqlalchemy.sql.elements import ColumnElement
 
 from sqla_queue._binds import AnyBind, on_connection, tables_for
+from sqla_queue.conversation import Flow, Step
+from sqla_queue.durable.run import DurableRun, Heard, Satisfied, Suspension, TimedOut
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.statements.signals import condition_wake_statement
 
-__all__ = ["RowCondition"]
+__all__ = ["LOCKED_ROW_RECHECK", "RowCondition"]
+
+#: Seconds after which a ``wait_until`` looks again at a row that an application
+#: transaction held locked when it looked (it does not wait for that lock: the holder may
+#: keep it as long as it likes). The holder's own flush still wakes the job at once.
+LOCKED_ROW_RECHECK = 1.0
 
 
 class RowCondition:
@@ -63,14 +83,27 @@ class RowCondition:
             prop.key for prop in mapper.column_attrs if {c.key for c in prop.columns} & watched
         }
         self.name = name or _derived_name(table.name, clause)
-        key = bindparam("key", type_=self._key_column.type)
-        #: Whether the row holds, locked ``FOR SHARE``: a writer waits for the waiter's
-        #: commit, so whichever of the two commits second sees the other's work.
-        self.probe: Select[Any] = (
-            select(clause.label("holds"))
+        self._key_attribute = mapper.get_property_by_column(self._key_column).key
+        key_type = self._key_column.type
+        key = cast(bindparam("key", type_=key_type), key_type)
+        held = (
+            select(func.coalesce(clause, false()))
             .select_from(table)
             .where(self._key_column == key)
-            .with_for_update(read=True)
+            .with_for_update(read=True, skip_locked=True)
+            .scalar_subquery()
+        )
+        present = exists(
+            select(literal_column("1")).select_from(table).where(self._key_column == key)
+        )
+        #: One row ``(key, holds, present)``: the key as the database writes it (cast
+        #: through the key column's type, so that ``5`` and ``5.00``, or a UUID in upper
+        #: and lower case, name the same row); whether the condition holds there, read
+        #: ``FOR SHARE SKIP LOCKED`` (a writer waits for the waiter's commit, so whichever
+        #: commits second sees the other's work; ``None`` when the row is missing or an
+        #: application transaction holds it); and whether the row exists.
+        self.probe: Select[Any] = select(
+            cast(key, Text).label("key"), held.label("holds"), present.label("present")
         )
         self._wakes: dict[QueueTables, Any] = {}
         _watch(self)
@@ -80,8 +113,40 @@ class RowCondition:
         return f"row:{self.name}:"
 
     def waits_for(self, key: Any) -> str:
-        """The ``wait`` value of a job that waits for this condition on row ``key``."""
+        """The ``wait`` value of a job that waits for this condition on row ``key``, with
+        ``key`` as given (a waiting job stores it as the database writes it: see
+        :meth:`waits_for_text`)."""
         return f"{self._prefix}{key}"
+
+    def waits_for_text(self, key_text: str) -> str:
+        """The ``wait`` value for the key as the database writes it (the probe's ``key``)."""
+        return f"{self._prefix}{key_text}"
+
+    def wait_flow(
+        self, run: DurableRun, name: str, key: Any, *, timeout: float | None
+    ) -> Flow[Satisfied | TimedOut | Suspension]:
+        """The flow of ``ctx.wait_until(self, key)``, as wait ``name`` of ``run`` (after
+        the run's checkpoints were read).
+
+        The probe never waits for the row's lock: a row that an application transaction
+        holds reads as "not yet", and the job suspends with a recheck
+        :data:`LOCKED_ROW_RECHECK` seconds later (the holder's own flush still wakes it at
+        once, if it commits after the suspension). The job suspends on the key as the
+        database writes it, which is what a flush's wake compares.
+        """
+        probe = Step(self.probe, {"key": key})
+
+        def found(rows: Sequence[Any]) -> Satisfied | None:
+            return Satisfied(None) if rows and rows[0].holds else None
+
+        def heard(rows: Sequence[Any]) -> Heard:
+            row = rows[0]
+            locked = bool(row.present) and row.holds is None
+            return self.waits_for_text(row.key), LOCKED_ROW_RECHECK if locked else None
+
+        return run.wait(
+            name, self.waits_for(key), timeout=timeout, probe=probe, found=found, heard=heard
+        )
 
     def _wake_statement(self, tables: QueueTables) -> Any:
         found = self._wakes.get(tables)
@@ -113,8 +178,14 @@ class RowCondition:
         state = inspect(instance)
         return any(state.attrs[name].history.has_changes() for name in self._attributes)
 
+    def _key_of(self, instance: Any) -> Any:
+        state = inspect(instance)
+        identity = state.identity
+        return identity[0] if identity else state.dict.get(self._key_attribute)
+
     def _after_flush(self, session: Session, changed: list[Any]) -> None:
-        keys = [identity[0] for obj in changed if (identity := inspect(obj).identity)]
+        # A row this flush inserted has no identity yet: its key attribute has the value.
+        keys = [key for obj in changed if (key := self._key_of(obj)) is not None]
         if not keys:
             return
         connection = session.connection()

@@ -242,13 +242,8 @@ class DurableContext:
         run = self._run()
         waits_for = condition.waits_for(key)
         step = _check_name(name, "wait") if name is not None else run.auto_name("until")
-        probe = Step(condition.probe, {"key": key})
-
-        def found(rows: Any) -> Satisfied | None:
-            return Satisfied(None) if rows and rows[0].holds else None
-
         return self._wait(
-            lambda: run.wait(step, waits_for, timeout=seconds, probe=probe, found=found),
+            lambda: condition.wait_flow(run, step, key, timeout=seconds),
             self._timed_out(waits_for),
         )
 

@@ -28,6 +28,7 @@ from sqla_queue.statements.durable import FenceParams, deadline_of
 __all__ = [
     "SENDER_RECHECK",
     "DurableRun",
+    "Heard",
     "JobSuspended",
     "Satisfied",
     "StoredStep",
@@ -74,6 +75,11 @@ class TimedOut:
     """A wait's decision: its deadline passed first."""
 
     waits_for: str
+
+
+#: What a wait's probe says beyond whether it holds: the ``wait`` value to suspend on, and
+#: in how many seconds to look again (``None``: when woken, or at the deadline).
+Heard = tuple[str, float | None]
 
 
 class JobSuspended(BaseException):
@@ -300,11 +306,14 @@ class DurableRun:
         timeout: float | None,
         probe: Step | None = None,
         found: Callable[[Sequence[Any]], Satisfied | None] | None = None,
+        heard: Callable[[Sequence[Any]], Heard] | None = None,
     ) -> Flow[Satisfied | TimedOut | Suspension]:
         """Wait ``name`` for ``waits_for``: lock the execution, ``probe`` (if given) for
         what it waits for (``found`` reads the probe's rows), and suspend the job unless
         it came or the wait's deadline (``timeout`` seconds after the wait first began)
-        passed."""
+        passed. ``heard`` reads more of the probe's rows: the ``wait`` value to suspend
+        on (a row's key as the database writes it), and whether to look again soon (an
+        application transaction held the row, so the probe could not read it)."""
         stored = self.stored(name)
         decided = stored.result if stored is not None and isinstance(stored.result, dict) else {}
         # Decided in an earlier run: a replay takes the same branch, whatever came since.
@@ -319,11 +328,15 @@ class DurableRun:
             # A cancelled job does not begin to wait: the attempt ends, and its
             # completion ends the job cancelled.
             yield from self.refused(name)
+        row_recheck: float | None = None
         if probe is not None and found is not None:
-            satisfied = found((yield probe))
+            rows = yield probe
+            satisfied = found(rows)
             if satisfied is not None:
                 yield from self._decide(name, {"met": True, "value": satisfied.value})
                 return satisfied
+            if heard is not None:
+                waits_for, row_recheck = heard(rows)
         if stored is None:
             params = {
                 **self.fence,
@@ -342,6 +355,8 @@ class DurableRun:
         # may not be visible to the probe yet. Waiting for its commit could take as long
         # as the sender likes, so the job asks again a moment later instead.
         recheck = None if locked[0].no_sender else SENDER_RECHECK
+        if row_recheck is not None:
+            recheck = row_recheck if recheck is None else min(recheck, row_recheck)
         suspended = yield Step(
             self.statements.suspend,
             {**self.fence, "waits_for": waits_for, "step": name, "recheck": recheck},

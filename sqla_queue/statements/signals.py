@@ -221,6 +221,10 @@ def wake_waiting_statement(tables: QueueTables) -> ReturningUpdate[Any]:
     )
 
 
+def _as_key_text(value: ColumnElement[Any], key: ColumnElement[Any]) -> ColumnElement[str]:
+    return cast(cast(value, key.type), Text)
+
+
 def condition_wake_statement(
     tables: QueueTables, key: ColumnElement[Any], clause: ColumnElement[bool]
 ) -> ReturningUpdate[Any]:
@@ -242,7 +246,9 @@ def condition_wake_statement(
         .where(
             and_(
                 ex.c.state == SUSPENDED,
-                ex.c.wait == bindparam("prefix", type_=Text) + cast(keys.c.k, Text),
+                # Through the key column's whole type (numeric(10,2) writes 5 as 5.00),
+                # as a waiter writes the key it waits on.
+                ex.c.wait == bindparam("prefix", type_=Text) + _as_key_text(keys.c.k, key),
                 exists(holds),
             )
         )

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import re
+import time
+import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -24,11 +27,20 @@ from sqla_queue.durable.statements import DurableStatements
 from tests.support.app import Shipment, StepWrite
 from tests.support.durable_checks import drain, outcome
 from tests.support.durable_edges_app import (
+    Crate,
+    EdgeBase,
+    Invoice,
+    Parcel,
     edge_after_break,
     edge_async_nested,
     edge_nested,
+    edge_plain,
     edge_repeated,
     edge_saga,
+    edge_wait_crate,
+    edge_wait_invoice,
+    edge_wait_parcel,
+    invoice_paid,
     queue,
 )
 from tests.support.lifecycle import backend_pid, wait_until_blocked
@@ -241,3 +253,133 @@ def test_a_step_that_raised_may_run_again_under_its_name(
         job = edge_repeated.enqueue(session, "retry")
     drain(SessionLocal)
     assert outcome(engine, job) == ("succeeded", "retried 2")
+
+
+# -- conditions: typed keys, ORM inserts, a row the application holds ---------------------
+
+
+@pytest.fixture
+def edge_tables(owner_engine: Engine) -> None:
+    """The tables of tests/support/durable_edges_app.py's conditions."""
+    EdgeBase.metadata.create_all(owner_engine)
+
+
+def _wait(engine: Engine, job_id: int) -> str | None:
+    with engine.connect() as connection:
+        return connection.execute(
+            select(EXECUTIONS.c.wait).where(EXECUTIONS.c.id == job_id)
+        ).scalar_one_or_none()
+
+
+@pytest.mark.parametrize("given", ["upper", "lower"])
+def test_a_uuid_key_wakes_its_waiter_whatever_its_case(
+    engine: Engine, SessionLocal: sessionmaker[Session], edge_tables: None, given: str
+) -> None:
+    key = uuid.uuid4()
+    text_key = str(key).upper() if given == "upper" else str(key)
+    with SessionLocal.begin() as session:
+        session.add(Parcel(id=key, status="new"))
+        job = edge_wait_parcel.enqueue(session, text_key)
+    drain(SessionLocal)
+    assert _wait(engine, job) == f"row:edge_parcel:{key}"
+    with SessionLocal.begin() as session:
+        parcel = session.get(Parcel, key)
+        assert parcel is not None
+        parcel.status = "delivered"
+    drain(SessionLocal)
+    assert outcome(engine, job) == ("succeeded", "delivered")
+
+
+@pytest.mark.parametrize("given", [5, "5", "5.0", "5.00"])
+def test_a_numeric_key_wakes_its_waiter_however_it_is_written(
+    engine: Engine, SessionLocal: sessionmaker[Session], edge_tables: None, given: Any
+) -> None:
+    with SessionLocal.begin() as session:
+        session.add(Invoice(id=Decimal("5"), status="open"))
+        job = edge_wait_invoice.enqueue(session, given)
+    drain(SessionLocal)
+    assert _wait(engine, job) == "row:edge_invoice:5.00"
+    with SessionLocal.begin() as session:
+        invoice = session.get(Invoice, Decimal("5.00"))
+        assert invoice is not None
+        invoice.status = "paid"
+    drain(SessionLocal)
+    assert outcome(engine, job) == ("succeeded", "paid")
+    # The wake of a write outside the ORM, by a key given as an int.
+    with SessionLocal.begin() as session:
+        session.add(Invoice(id=Decimal("7.5"), status="open"))
+        job = edge_wait_invoice.enqueue(session, "7.50")
+    drain(SessionLocal)
+    with SessionLocal.begin() as session:
+        session.execute(update(Invoice).where(Invoice.id == 7.5).values(status="paid"))
+        assert invoice_paid.wake(session, 7.5) == [job]
+
+
+@pytest.mark.parametrize("key", ["uuid", "numeric", "integer"])
+def test_an_orm_insert_of_a_row_that_meets_the_condition_wakes_its_waiter(
+    engine: Engine, SessionLocal: sessionmaker[Session], edge_tables: None, key: str
+) -> None:
+    """The job waits on a row that does not exist yet; the ORM inserts it, meeting the
+    condition: the flush wakes the job (the row had no identity at the flush)."""
+    parcel = uuid.uuid4()
+    with SessionLocal.begin() as session:
+        if key == "uuid":
+            job = edge_wait_parcel.enqueue(session, str(parcel))
+        elif key == "numeric":
+            job = edge_wait_invoice.enqueue(session, 12)
+        else:
+            job = edge_wait_crate.enqueue(session, 40)
+    drain(SessionLocal)
+    assert _wait(engine, job) is not None
+    with SessionLocal.begin() as session:
+        if key == "uuid":
+            session.add(Parcel(id=parcel, status="delivered"))
+        elif key == "numeric":
+            session.add(Invoice(id=12, status="paid"))
+        else:
+            session.add(Crate(id=40, status="shipped"))
+    assert _wait(engine, job) is None  # woken by the insert's flush
+    drain(SessionLocal)
+    assert outcome(engine, job)[0] == "succeeded"
+
+
+def _drain_until_finished(factory: sessionmaker[Session], engine: Engine, job_id: int) -> None:
+    """Burst drains until job ``job_id`` finished (its recheck is due within a second)."""
+    deadline = time.monotonic() + 20
+    while outcome(engine, job_id)[0] not in ("succeeded", "failed"):
+        assert time.monotonic() < deadline, f"job {job_id} did not finish"
+        drain(factory)
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("change", ["before", "after"])
+def test_wait_until_never_waits_for_a_row_the_app_holds(
+    engine: Engine, SessionLocal: sessionmaker[Session], edge_tables: None, change: str
+) -> None:
+    """An application transaction holds the condition's row (``FOR UPDATE``, or its
+    update not committed yet: ``change="before"``) while the worker runs the waiting job
+    and others: the handler does not wait for the lock, the other jobs finish, and the
+    job completes once the application's transaction commits the change."""
+    with SessionLocal.begin() as session:
+        session.add(Crate(id=1, status="new"))
+    with SessionLocal.begin() as session:
+        job = edge_wait_crate.enqueue(session, 1)
+        others = [edge_plain.enqueue(session, i) for i in range(5)]
+    app = SessionLocal()
+    try:
+        crate = app.execute(select(Crate).where(Crate.id == 1).with_for_update()).scalar_one()
+        if change == "before":
+            crate.status = "shipped"
+            app.flush()  # its wake finds no waiter yet: the recheck must find the row
+        with ThreadPoolExecutor(1) as pool:
+            burst = pool.submit(drain, SessionLocal)
+            burst.result(timeout=60)  # never hangs on the app's lock
+        assert [outcome(engine, other) for other in others] == [("succeeded", i) for i in range(5)]
+        assert _wait(engine, job) == "row:edge_crate:1"
+        if change == "after":
+            crate.status = "shipped"
+        app.commit()
+    finally:
+        app.close()
+    _drain_until_finished(SessionLocal, engine, job)
+    assert outcome(engine, job) == ("succeeded", "shipped")

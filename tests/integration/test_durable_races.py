@@ -15,12 +15,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, select, text
+from sqlalchemy import Connection, Engine, func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue.conversation import drive
 from sqla_queue.durable.admin import Signalled, StepRecord
-from sqla_queue.durable.run import Satisfied, Suspension
+from sqla_queue.durable.conditions import LOCKED_ROW_RECHECK
+from sqla_queue.durable.run import Suspension
 from sqla_queue.errors import StepNotCommittedError
 from sqla_queue.statements.liveness import reclaim_statement
 from sqla_queue.workflows.admin import cancel_jobs_flow
@@ -415,9 +416,12 @@ def test_a_flush_while_the_condition_wait_suspends_waits_and_wakes_the_job(
     assert outcome(engine, job) == ("succeeded", "shipped")
 
 
-def test_a_condition_wait_that_begins_after_an_uncommitted_flush_waits_and_goes_on(
+def test_a_condition_wait_that_begins_after_an_uncommitted_flush_does_not_wait_for_it(
     engine: Engine, SessionLocal: sessionmaker[Session]
 ) -> None:
+    """The writer's flush holds the row (its wake found nobody suspended): the probe does
+    not wait for the writer, whose transaction may stay open as long as the app likes.
+    The job suspends with a recheck a second later, which finds the committed row."""
     with SessionLocal.begin() as session:
         session.add(Shipment(id=31, status="new"))
         job = dj_until.enqueue(session, 31)
@@ -428,14 +432,25 @@ def test_a_condition_wait_that_begins_after_an_uncommitted_flush_waits_and_goes_
         shipment.status = "shipped"
         writer.flush()  # its wake found nobody suspended: the job is running
         waiter.begin()
-        waiting = Blocked(lambda: attempt.wait_until(waiter, shipped, 31))
-        assert waiting.still_waiting(), "the condition's probe did not wait for the writer"
-        writer.commit()
-        assert waiting.value() == Satisfied(None)  # it read the committed row: it holds
+        now = waiter.execute(text("SELECT now()")).scalar_one()
+        suspended = attempt.wait_until(waiter, shipped, 31)  # no wait for the writer
+        assert isinstance(suspended, Suspension)
+        assert suspended.waits_for == "row:" + shipped.name + ":31"
+        assert suspended.until is not None
+        assert suspended.until <= now + dt.timedelta(seconds=LOCKED_ROW_RECHECK)
         waiter.commit()
+        writer.commit()
     (row,) = executions(engine, job)
-    assert (row.state, row.wait) == ("running", None)
-    # It never suspended: the wait is recorded as met (its row may change later).
-    assert [(s.name, s.result) for s in steps_of(SessionLocal, job)] == [
-        ("until#1", {"met": True, "value": None})
-    ]
+    assert row.state == "suspended"
+    with SessionLocal.begin() as session:  # the recheck's time, without waiting for it
+        session.execute(
+            update(queue.tables.executions)
+            .where(queue.tables.executions.c.id == job)
+            .values(execute_at=func.now())
+        )
+    drain(SessionLocal)
+    assert outcome(engine, job) == ("succeeded", "shipped")
+    assert [(s.name, s.result) for s in steps_of(SessionLocal, job)][-1] == (
+        "until#1",
+        {"met": True, "value": None},
+    )

@@ -200,18 +200,11 @@ class StagedAttempt:
     ) -> Satisfied | TimedOut | Suspension:
         """The statements of the first ``ctx.wait_until(condition, key)`` of a handler,
         without the commit."""
-        probe = Step(condition.probe, {"key": key})
-
-        def found(rows: Any) -> Satisfied | None:
-            return Satisfied(None) if rows and rows[0].holds else None
 
         def flow() -> Flow[Satisfied | TimedOut | Suspension]:
             yield from self.run.load()
             name = self.run.auto_name("until")
-            waits_for = condition.waits_for(key)
-            return (
-                yield from self.run.wait(name, waits_for, timeout=None, probe=probe, found=found)
-            )
+            return (yield from condition.wait_flow(self.run, name, key, timeout=None))
 
         return drive(connection, flow())
 
