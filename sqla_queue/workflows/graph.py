@@ -245,7 +245,8 @@ class Workflow:
         """Add ``part`` after the nodes ``after``: a call (one node, as :meth:`add`), or a
         whole workflow (a ``queue.chain``, ``group`` or ``chord``, or any graph), whose
         nodes are copied in with their parents, policies and names (a name taken already
-        gets the next free number: ``charge#2``). Its roots wait for ``after``.
+        gets the next free number: ``charge#2``). Its roots wait for ``after``. The part's
+        own name, ``about`` and ``unique`` are not used: this workflow's are.
 
         Returns the part's last nodes, those nothing in it waits for: pass them to the
         next ``after=``. This is how shapes nest: step, then a fan-out with a callback,

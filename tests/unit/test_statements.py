@@ -103,6 +103,9 @@ BUILDERS = {
     "workflow_cancel_nodes": workflow_admin.cancel_nodes_statement,
     "workflow_resume": workflow_admin.resume_statement,
     "workflow_lock_of": workflow_admin.lock_workflows_of_statement,
+    "workflow_lock_undecided": workflow_admin.lock_undecided_statement,
+    "workflow_unique_keys_of": workflow_admin.unique_keys_of_statement,
+    "workflow_rivals": workflow_admin.rival_workflows_statement,
     "workflow_listing": workflow_listing.workflow_listing_statement,
     "workflow_listing_before": lambda t: workflow_listing.workflow_listing_statement(
         t, before=True
@@ -114,6 +117,7 @@ BUILDERS = {
     "durable_advance_cursor": durable.advance_cursor_statement,
     "durable_lock_execution": durable.lock_execution_statement,
     "durable_record_wait": durable.record_wait_statement,
+    "durable_restart_wait": durable.restart_wait_statement,
     "durable_suspend": durable.suspend_statement,
     "durable_execution_state": durable.execution_state_statement,
     "signal_lock": signals.lock_for_signal_statement,
@@ -127,6 +131,7 @@ BUILDERS = {
     ),
     "compensations_due": compensations.compensations_due_statement,
     "compensations_mark": compensations.mark_compensated_statement,
+    "compensations_reopen": compensations.reopen_compensated_statement,
     "durable_suspended": durable_admin.suspended_statement,
     "durable_job_steps": durable_admin.job_steps_statement,
     "durable_step_versions": durable_admin.step_versions_statement,
