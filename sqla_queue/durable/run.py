@@ -319,7 +319,13 @@ class DurableRun:
         # Decided in an earlier run: a replay takes the same branch, whatever came since.
         if decided.get("met"):
             return Satisfied(decided.get("value"))
-        if decided.get("timed_out"):
+        # A timeout is its attempt's: a retry after an attempt that timed out (and failed)
+        # waits again, with a fresh deadline. A replay within the attempt (after a later
+        # wait of the handler) takes the timed-out branch again.
+        restart = bool(decided.get("timed_out")) and decided.get("attempt", self.attempt) < (
+            self.attempt
+        )
+        if decided.get("timed_out") and not restart:
             return TimedOut(waits_for)
         if probe is None and stored is not None and stored.elapsed:
             return TimedOut(waits_for)  # a sleep that is over: nothing to lock
@@ -337,7 +343,7 @@ class DurableRun:
                 return satisfied
             if heard is not None:
                 waits_for, row_recheck = heard(rows)
-        if stored is None:
+        if stored is None or restart:
             params = {
                 **self.fence,
                 "step": name,
@@ -345,11 +351,12 @@ class DurableRun:
                 "step_version": 1,
                 "timeout": timeout,
             }
-            if not (yield Step(self.statements.record_wait, params)):
+            record = self.statements.restart_wait if restart else self.statements.record_wait
+            if not (yield Step(record, params)):
                 yield from self.refused(name)
         elif stored.elapsed:
             if probe is not None:  # a sleep's end needs no record: it is one already
-                yield from self._decide(name, {"timed_out": True})
+                yield from self._decide(name, {"timed_out": True, "attempt": self.attempt})
             return TimedOut(waits_for)
         # A signal's sender holds the job's signal lock until it commits: what it sends
         # may not be visible to the probe yet. Waiting for its commit could take as long

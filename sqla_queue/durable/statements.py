@@ -25,6 +25,7 @@ class DurableStatements:
     advance_cursor: Any
     lock_execution: Any
     record_wait: Any
+    restart_wait: Any
     record_met: Any
     suspend: Any
     execution_state: Any
@@ -47,6 +48,7 @@ class DurableStatements:
             advance_cursor=durable.advance_cursor_statement(tables),
             lock_execution=durable.lock_execution_statement(tables),
             record_wait=durable.record_wait_statement(tables),
+            restart_wait=durable.restart_wait_statement(tables),
             record_met=durable.record_met_statement(tables),
             suspend=durable.suspend_statement(tables),
             execution_state=durable.execution_state_statement(tables),

@@ -65,6 +65,7 @@ __all__ = [
     "lock_execution_statement",
     "record_met_statement",
     "record_wait_statement",
+    "restart_wait_statement",
     "steps_statement",
     "suspend_statement",
 ]
@@ -259,6 +260,28 @@ def record_wait_statement(tables: QueueTables) -> ReturningInsert[Any]:
         .on_conflict_do_nothing(index_elements=[steps.c.job_id, steps.c.name])
         .returning(steps.c.job_id)
     )
+
+
+def restart_wait_statement(tables: QueueTables) -> ReturningInsert[Any]:
+    """Begin a wait again, with a fresh deadline: a retry of the job after an attempt
+    whose wait timed out (the timeout is the attempt's, not the job's).
+
+    Parameters: :class:`WaitParams`. As :func:`record_wait_statement`, but the recorded
+    wait is replaced: its deadline is ``timeout`` seconds from now, and its attempt this
+    one. Returns the job's id if it was written.
+    """
+    steps = tables.job_steps
+    until = func.now() + seconds(cast(bindparam("timeout", type_=Double), Double))
+    source = _fenced_source(tables, func.jsonb_build_object(literal_column("'until'"), until))
+    stmt = insert(steps).from_select(list(_INSERTED), source)
+    return stmt.on_conflict_do_update(
+        index_elements=[steps.c.job_id, steps.c.name],
+        set_={
+            "result": stmt.excluded.result,
+            "attempt": stmt.excluded.attempt,
+            "committed_at": func.now(),
+        },
+    ).returning(steps.c.job_id)
 
 
 def record_met_statement(tables: QueueTables) -> ReturningInsert[Any]:

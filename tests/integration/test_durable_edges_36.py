@@ -5,6 +5,7 @@ the application, and the input that must be refused before anything is written."
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import time
@@ -15,7 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue import statements
@@ -25,6 +26,7 @@ from sqla_queue.conversation import run_flow
 from sqla_queue.durable.compensate import compensations_flow
 from sqla_queue.durable.statements import DurableStatements
 from tests.support.app import Shipment, StepWrite
+from tests.support.durable_app import dj_signal_then_sleep
 from tests.support.durable_checks import drain, outcome
 from tests.support.durable_edges_app import (
     Crate,
@@ -37,6 +39,7 @@ from tests.support.durable_edges_app import (
     edge_plain,
     edge_repeated,
     edge_saga,
+    edge_timeout_reraised,
     edge_wait_crate,
     edge_wait_invoice,
     edge_wait_parcel,
@@ -383,3 +386,62 @@ def test_wait_until_never_waits_for_a_row_the_app_holds(
         app.close()
     _drain_until_finished(SessionLocal, engine, job)
     assert outcome(engine, job) == ("succeeded", "shipped")
+
+
+# -- a timed-out wait re-raised: the retry waits again --------------------------------------
+
+
+def test_a_retry_after_a_timed_out_wait_waits_again_with_a_fresh_deadline(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    """The handler lets SignalTimeoutError go up: its attempt fails. The retry waits for
+    the signal again, with a fresh deadline (it used to time out at once, spending every
+    attempt within a second)."""
+    with SessionLocal.begin() as session:
+        job = edge_timeout_reraised.enqueue(session, 3600.0)
+    drain(SessionLocal)
+    assert _wait(engine, job) == "signal:go"
+    with SessionLocal.begin() as session:
+        assert queue.fire_timers(session, [job]) == [job]  # the deadline passes
+    _drain_until(SessionLocal, engine, job, lambda: _wait(engine, job) == "signal:go")
+    with engine.connect() as connection:
+        row = connection.execute(
+            select(JOBS.c.status, JOBS.c.attempts, EXECUTIONS.c.execute_at)
+            .join(EXECUTIONS, EXECUTIONS.c.id == JOBS.c.id)
+            .where(JOBS.c.id == job)
+        ).one()
+        now = connection.execute(select(func.now())).scalar_one()
+    # Attempt 1 timed out and failed; attempt 2 waits again, a whole timeout long.
+    assert (row.status, row.attempts) == ("queued", 1)
+    assert row.execute_at > now + dt.timedelta(seconds=3500)
+    assert rows_of(engine, job) == ["start1@1", "start1@2", "start2@1"]
+    with SessionLocal.begin() as session:
+        assert queue.signal(session, job, "go", "late but fine").woke
+    drain(SessionLocal)
+    assert outcome(engine, job) == ("succeeded", "late but fine")
+
+
+def test_a_timed_out_wait_replays_as_timed_out_within_its_attempt(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    """Within one attempt, a replay (after a later sleep) takes the timed-out branch
+    again, even if the signal came since."""
+    with SessionLocal.begin() as session:
+        job = dj_signal_then_sleep.enqueue(session)
+    drain(SessionLocal)
+    with SessionLocal.begin() as session:
+        queue.fire_timers(session, [job])
+    drain(SessionLocal)  # timed out; now sleeps an hour
+    with SessionLocal.begin() as session:
+        queue.signal(session, job, "approved", 1)
+        queue.fire_timers(session, [job])
+    drain(SessionLocal)
+    assert outcome(engine, job) == ("succeeded", "timed out")
+
+
+def _drain_until(factory: sessionmaker[Session], engine: Engine, job_id: int, done: Any) -> None:
+    deadline = time.monotonic() + 20
+    while not done():
+        assert time.monotonic() < deadline, f"job {job_id} did not get there"
+        drain(factory)
+        time.sleep(0.05)
