@@ -405,6 +405,10 @@ class Pruned(int):
         """:attr:`removed` keyed by ``tables``' table names instead of their roles."""
         return {getattr(tables, role).name: count for role, count in self.removed.items()}
 
+    def __str__(self) -> str:
+        # Printed, it is the number of jobs, as prune always returned.
+        return int.__repr__(self)
+
     def __repr__(self) -> str:
         return f"Pruned({self.removed!r})"
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 from typing import Any
 
 from sqlalchemy.exc import ArgumentError, InvalidRequestError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import sessionmaker
 
-from sqla_queue.cli.loading import CliError, shown_url
+from sqla_queue.cli.loading import CliError, load_queue, shown_url
 from sqla_queue.cli.render import say
 from sqla_queue.cli.scaffold import (
     COMMON_EXITS,
@@ -28,7 +29,7 @@ from sqla_queue.cli.values import seconds, whole_number
 from sqla_queue.metrics.serve import serve_worker_metrics
 from sqla_queue.queue import Queue
 
-__all__ = ["LISTEN_URL_ENV", "VERIFY_HELP", "WORKER_HELP", "add_worker_parsers"]
+__all__ = ["LISTEN_URL_ENV", "VERIFY_HELP", "WORKER_HELP", "add_worker_parsers", "require_tasks"]
 
 #: Environment variable: the worker's ``--listen-url`` when the option is not given.
 LISTEN_URL_ENV = "SQLA_QUEUE_LISTEN_URL"
@@ -160,9 +161,32 @@ def _settings(args: argparse.Namespace, queue: Queue, url: str) -> dict[str, Any
     return settings
 
 
+def require_tasks(queue: Queue, path: str) -> None:
+    """Refuse to start a worker for ``path`` (``module:attribute``) whose queue has no task
+    registered, naming the module the command imported and what to do instead.
+
+    Tasks register when the module that defines them runs (``@queue.task``): a worker
+    pointed at the module that creates the queue, when the tasks are in another module,
+    imports only the first one.
+    """
+    if queue.tasks:
+        return
+    module_name = path.partition(":")[0]
+    module = sys.modules.get(module_name)
+    where = getattr(module, "__file__", None) or module_name
+    raise CliError(
+        f"this worker has no tasks: importing {module_name!r} ({where}) registered none on "
+        f"{path}. Tasks register when the module that defines them (@queue.task) is "
+        "imported: point the worker at that module (sqla-queue worker MODULE:queue, where "
+        f"MODULE defines the tasks and imports the queue), or import it at the end of "
+        f"{module_name!r}"
+    )
+
+
 def _run_worker(args: argparse.Namespace) -> int:
     if args.use_async:
         return _run_async_worker(args)
+    require_tasks(load_queue(args.queue), args.queue)
     with engine_of(args, pool_size=_pool_size(args)) as (queue, engine):
         settings = _settings(args, queue, str(args.resolved_url))
         read_engine = (
@@ -187,6 +211,7 @@ def _run_worker(args: argparse.Namespace) -> int:
 def _run_async_worker(args: argparse.Namespace) -> int:
     # The asyncio worker needs async engines, which the sync scaffold does not build.
     queue, url = target(args)
+    require_tasks(queue, args.queue)
     settings = _settings(args, queue, url)
     engines: list[AsyncEngine] = []
     try:

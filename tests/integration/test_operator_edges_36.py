@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine
@@ -150,3 +152,30 @@ def test_cancelling_a_suspended_job_says_its_compensations_follow(
     assert main(["cancel", TARGET, "--url", shop["url"], "--json", str(second)]) == 0
     (outcome,) = json.loads(capsys.readouterr().out)
     assert outcome == {"id": second, "outcome": "cancelled", "compensations": 1}
+
+
+@pytest.mark.parametrize("flags", [[], ["--async"]])
+def test_a_worker_without_tasks_names_the_module_it_imported(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+) -> None:
+    # The queue in one module, its tasks in another that the command never imports.
+    name = f"shop_models_36_{len(flags)}"
+    (tmp_path / f"{name}.py").write_text(
+        "from sqlalchemy import MetaData\nfrom sqla_queue import Queue\n"
+        "queue = Queue(metadata=MetaData(), prefix='e36_')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        url = "postgresql+psycopg://nobody@127.0.0.1:1/never"  # refused before connecting
+        status = main(["worker", f"{name}:queue", "--url", url, "--burst", *flags])
+    finally:
+        sys.modules.pop(name, None)
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert f"this worker has no tasks: importing '{name}' (" in err
+    assert str(tmp_path / f"{name}.py") in err
+    assert "point the worker at that module" in err
