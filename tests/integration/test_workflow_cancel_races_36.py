@@ -17,7 +17,7 @@ from sqla_queue.conversation import drive
 from sqla_queue.workflows import Expansion, Workflow
 from sqla_queue.workflows.advance import ReleaseStatements, advance_flow
 from sqla_queue.workflows.write import expand_flow
-from tests.support.running import Blocked, worker_thread
+from tests.support.running import Blocked, wait_for, worker_thread
 from tests.support.workflow_app import queue, wf_gather, wf_sum, wf_value
 
 pytestmark = pytest.mark.integration
@@ -127,6 +127,10 @@ def test_cancel_workflow_beside_busy_workers_never_raises(
     workers = [queue.worker(SessionLocal, concurrency=4, batch_size=4) for _ in range(2)]
     with worker_thread(workers[0]), worker_thread(workers[1]):
         for handle in handles:
+            # Cancelled once its fan-out was released: while the workers complete the
+            # parts and release the callback.
+            start = handle.jobs["start"]
+            wait_for(lambda start=start: statuses(engine, [start]) != ["queued"])
             outcomes.append(queue.cancel_workflow(engine, handle.id))
     assert len(outcomes) == 80
     # What the cancels left running finishes or is cancelled; nothing stays undecided.
