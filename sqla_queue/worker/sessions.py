@@ -175,7 +175,13 @@ def close_sync_sessions(ctx: JobContext[Any] | None, job: ClaimedJob) -> None:
     """Close the sessions a sync run opened through ``ctx`` (``job``'s context)."""
     for session in ctx._take_sessions() if ctx is not None else ():
         try:
-            session.close()
+            if isinstance(session, AsyncSession):
+                # A def handler of an async worker: it could not await a statement, so its
+                # session holds no connection, and its sync twin closes it without I/O
+                # (AsyncSession.close would be a coroutine that nothing awaits).
+                session.sync_session.close()
+            else:
+                session.close()
         except Exception:
             log.exception(
                 "closing the handler's session of job %s failed",

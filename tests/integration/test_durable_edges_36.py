@@ -5,7 +5,9 @@ the application, and the input that must be refused before anything is written."
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import gc
 import json
 import re
 import time
@@ -35,6 +37,7 @@ from tests.support.durable_edges_app import (
     Parcel,
     edge_after_break,
     edge_async_nested,
+    edge_def_touches_session,
     edge_nested,
     edge_plain,
     edge_repeated,
@@ -445,3 +448,28 @@ def _drain_until(factory: sessionmaker[Session], engine: Engine, job_id: int, do
         assert time.monotonic() < deadline, f"job {job_id} did not get there"
         drain(factory)
         time.sleep(0.05)
+
+
+# -- a def handler on the async worker -------------------------------------------------------
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_def_handler_on_the_async_worker_leaves_no_unawaited_close(
+    engine: Engine, AsyncSessionLocal: Any, durable: bool
+) -> None:
+    async def scenario() -> list[int]:
+        async with AsyncSessionLocal.begin() as session:
+            jobs = [await edge_def_touches_session.enqueue(session, durable) for _ in range(3)]
+        await queue.async_worker(AsyncSessionLocal, concurrency=2).run(burst=True)
+        return jobs
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jobs = asyncio.run(scenario())
+        gc.collect()
+    never_awaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
+    assert never_awaited == []
+    for job in jobs:
+        status, result = outcome(engine, job)
+        assert status == "succeeded"
+        assert result.startswith("refused: ") if durable else result == "AsyncSession"

@@ -230,3 +230,19 @@ __all__ += [
     "edge_wait_invoice",
     "edge_wait_parcel",
 ]
+
+
+@queue.task(name="edge_def_touches_session", pass_context=True, max_attempts=1)
+def edge_def_touches_session(ctx: JobContext[Any], durable: bool) -> str:
+    """A ``def`` handler (run by an async worker too): it touches ``ctx.session`` (adds
+    a row, never flushed), or begins a step there (refused: a def handler of an async
+    worker cannot commit an ``AsyncSession``); what happened."""
+    if durable:
+        try:
+            with ctx.step("refused"):
+                pass
+        except TypeError as exc:
+            return f"refused: {exc}"
+        return "no error"
+    ctx.session.add(StepWrite(job_id=ctx.job_id, step="never flushed"))
+    return type(ctx.session).__name__
