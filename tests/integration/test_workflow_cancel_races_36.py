@@ -9,9 +9,13 @@ complete and release their nodes.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from sqla_queue.conversation import drive
 from sqla_queue.workflows import Expansion, Workflow
@@ -144,3 +148,44 @@ def test_cancel_workflow_beside_busy_workers_never_raises(
         ).scalar_one()
     assert (undecided, queued) == (0, 0)
     assert {queue.workflow_status(engine, h.id).state for h in handles} == {"cancelled"}
+
+
+def test_the_async_cancel_retries_the_deadlock_too(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    """The same cycle as above, the cancel awaited on an AsyncEngine (its own event loop,
+    in the waiting thread)."""
+    wf = Workflow("expanding-async")
+    split = wf.add(wf_value.call("split"), name="split")
+    wf.add(wf_gather.call(), after=split, name="after")
+    with SessionLocal.begin() as session:
+        handle = wf.enqueue(session)
+    writer = queue._enqueuer.workflows
+    statements = writer.statements_for(queue.tables)
+    expansion = Expansion((wf_value.call(0),), then=None)
+
+    def cancel_async() -> dict[str, int]:
+        async def main() -> dict[str, int]:
+            async_engine = create_async_engine(engine.url, poolclass=NullPool)
+            try:
+                done: dict[str, int] = await queue.cancel_workflow(async_engine, handle.id)
+                return done
+            finally:
+                await async_engine.dispose()
+
+        return asyncio.run(main())
+
+    with engine.connect() as completing:
+        completing.begin()
+        complete_without_release(completing, handle.jobs["split"])
+        cancel = Blocked(cancel_async)
+        assert cancel.still_waiting(), "the cancel did not wait for the completion"
+        added = drive(
+            completing, expand_flow(statements, handle.jobs["split"], expansion, writer.defaults)
+        )
+        assert len(added) == 1
+        drive(completing, advance_flow(RELEASE, [handle.jobs["split"]]))
+        completing.commit()
+    assert cancel.value() == {"cancelled": 2, "requested": 0}
+    assert queue.workflow_status(engine, handle.id).state == "cancelled"
+    assert live_executions(engine) == 0
