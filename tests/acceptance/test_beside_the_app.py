@@ -20,13 +20,15 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Connection, Engine, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from tests.support import beside_app
 from tests.support.app import ExecutionLog, Order, Shipment
-from tests.support.beside_app import LEASE, bs_hold, bs_linked, dj_until, queue, shipped
+from tests.support.beside_app import LEASE, queue, shipped
 from tests.support.processes import start_worker
 from tests.support.running import wait_for
 
@@ -46,6 +48,13 @@ HOLD = 3 * LEASE
 #: Plain jobs run longer than the holds, so they are running throughout.
 RUNNING_JOBS = 18
 SHUTDOWN_TIMEOUT = 3.0
+
+
+def _tasks(face: str) -> tuple[Any, Any, Any]:
+    """The running, linked-row and condition-waiting tasks of ``face``'s handlers."""
+    if face == "async":
+        return beside_app.bs_hold_async, beside_app.bs_linked_async, beside_app.bs_until_async
+    return beside_app.bs_hold, beside_app.bs_linked, beside_app.bs_until
 
 
 def _running(engine: Engine) -> int:
@@ -111,7 +120,9 @@ def stopped() -> Iterator[list[subprocess.Popen[bytes]]]:
             proc.wait(10)
 
 
+@pytest.mark.parametrize("face", ["sync", "async"])
 def test_held_app_transactions_of_every_kind_never_make_a_live_workers_jobs_run_twice(
+    face: str,
     db_url: str,
     engine: Engine,
     SessionLocal: sessionmaker[Session],
@@ -121,12 +132,13 @@ def test_held_app_transactions_of_every_kind_never_make_a_live_workers_jobs_run_
     with SessionLocal.begin() as session:
         session.add(Order(id=1, email="new@example.com"))
         session.add(Shipment(id=7, status="new"))
+    hold, linker, until = _tasks(face)
     with SessionLocal.begin() as session:
-        plain = [bs_hold.enqueue(session, seconds=HOLD + 4.0) for _ in range(RUNNING_JOBS)]
-        linked = bs_linked.enqueue(session, order_id=1)
-        waiter = dj_until.enqueue(session, shipment_id=7)
-        later = bs_hold.options(delay=dt.timedelta(hours=1)).enqueue(session, seconds=0.0)
-        to_requeue = bs_hold.options(delay=dt.timedelta(hours=1)).enqueue(session, seconds=0.0)
+        plain = [hold.enqueue(session, seconds=HOLD + 4.0) for _ in range(RUNNING_JOBS)]
+        linked = linker.enqueue(session, order_id=1)
+        waiter = until.enqueue(session, shipment_id=7)
+        later = hold.options(delay=dt.timedelta(hours=1)).enqueue(session, seconds=0.0)
+        to_requeue = hold.options(delay=dt.timedelta(hours=1)).enqueue(session, seconds=0.0)
     # A cancelled job, for the requeue below.
     with SessionLocal.begin() as session:
         assert queue.cancel(session, [to_requeue]) == {to_requeue: "cancelled"}
@@ -139,8 +151,9 @@ def test_held_app_transactions_of_every_kind_never_make_a_live_workers_jobs_run_
         shipment_lock = _held(engine, app)
         shipment_lock.execute(select(Shipment).where(Shipment.id == 7).with_for_update())
 
-        tasks = "bs_hold,bs_linked,dj_until"
+        tasks = ",".join(task.name for task in (hold, linker, until))
         args = ("--concurrency", "24", "--tasks", tasks, "--shutdown-timeout", "5")
+        args += ("--async",) if face == "async" else ()
         stopped.append(start_worker(db_url, *args, log_path=worker_log, target=TARGET))
         # Another worker, which claims nothing, sweeps for lost jobs every second: the
         # first one's jobs are reclaimed as soon as they look lost.
@@ -209,7 +222,9 @@ def test_held_app_transactions_of_every_kind_never_make_a_live_workers_jobs_run_
     assert set(attempts.values()) == {1}, attempts
 
 
+@pytest.mark.parametrize("face", ["sync", "async"])
 def test_one_sigterm_stops_a_worker_whose_handler_waits_on_an_app_lock(
+    face: str,
     db_url: str,
     engine: Engine,
     SessionLocal: sessionmaker[Session],
@@ -218,12 +233,14 @@ def test_one_sigterm_stops_a_worker_whose_handler_waits_on_an_app_lock(
 ) -> None:
     with SessionLocal.begin() as session:
         session.add(Order(id=2, email="new@example.com"))
+    _, linker, _ = _tasks(face)
     with SessionLocal.begin() as session:
-        job = bs_linked.enqueue(session, order_id=2)
+        job = linker.enqueue(session, order_id=2)
     with ExitStack() as app:
         lock = _held(engine, app)
         lock.execute(select(Order).where(Order.id == 2).with_for_update())
-        args = ("--tasks", "bs_linked", "--shutdown-timeout", str(SHUTDOWN_TIMEOUT))
+        args = ("--tasks", linker.name, "--shutdown-timeout", str(SHUTDOWN_TIMEOUT))
+        args += ("--async",) if face == "async" else ()
         proc = start_worker(db_url, *args, log_path=worker_log, target=TARGET)
         stopped.append(proc)
         wait_for(lambda: _backend_waiting_on_lock(engine, "UPDATE orders"), timeout=30)
@@ -239,7 +256,8 @@ def test_one_sigterm_stops_a_worker_whose_handler_waits_on_an_app_lock(
         assert state == "pending"
     # The application let go: the job runs (once more: the handed-back attempt never
     # committed), and ends.
-    queue.worker(SessionLocal, tasks=["bs_linked"]).run(burst=True)
+    drain = ("--burst", "--tasks", linker.name, *(("--async",) if face == "async" else ()))
+    assert start_worker(db_url, *drain, log_path=worker_log, target=TARGET).wait(60) == 0
     with engine.connect() as connection:
         assert connection.scalar(select(JOBS.c.status).where(JOBS.c.id == job)) == "succeeded"
         email = connection.scalar(select(Order.email).where(Order.id == 2))

@@ -8,16 +8,31 @@ them within the test's holds, which last three leases.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
+from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import func, insert, update
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from sqla_queue import JobContext
-from tests.support.app import Order, _log_end, _log_start, queue
-from tests.support.durable_app import dj_until, shipped
+from tests.support.app import ExecutionLog, Order, _log_end, _log_start, queue
+from tests.support.durable_app import shipped
 
-__all__ = ["LEASE", "bs_hold", "bs_idle", "bs_linked", "dj_until", "queue", "shipped"]
+__all__ = [
+    "LEASE",
+    "bs_hold",
+    "bs_hold_async",
+    "bs_idle",
+    "bs_linked",
+    "bs_linked_async",
+    "bs_until",
+    "bs_until_async",
+    "queue",
+    "shipped",
+]
 
 #: The lease of these tasks: a worker not heard of for this long loses its jobs.
 LEASE = 2.0
@@ -48,3 +63,50 @@ def bs_linked(ctx: JobContext[Session], order_id: int) -> str:
 def bs_idle() -> None:
     """Never enqueued: a worker of this task alone claims nothing, and sweeps for lost
     jobs every half lease (its reclaim interval follows its shortest lease)."""
+
+
+@queue.task(name="bs_until", pass_context=True, lost_interval=LEASE)
+def bs_until(ctx: JobContext[Session], shipment_id: int) -> str:
+    """A durable job that waits until shipment ``shipment_id`` is shipped."""
+    ctx.wait_until(shipped, shipment_id)
+    return "shipped"
+
+
+async def _log_start_async(session: AsyncSession, ctx: JobContext[Any]) -> int:
+    inserted = insert(ExecutionLog).values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
+    row_id = (await session.execute(inserted.returning(ExecutionLog.id))).scalar_one()
+    await session.commit()
+    return int(row_id)
+
+
+async def _log_end_async(session: AsyncSession, row_id: int) -> None:
+    ended = update(ExecutionLog).where(ExecutionLog.id == row_id)
+    await session.execute(ended.values(finished_at=func.clock_timestamp()))
+    await session.commit()
+
+
+@queue.task(name="bs_hold_async", pass_context=True, lost_interval=LEASE)
+async def bs_hold_async(ctx: JobContext[AsyncSession], seconds: float) -> str:
+    """:func:`bs_hold` for the async worker."""
+    row_id = await _log_start_async(ctx.session, ctx)
+    await asyncio.sleep(seconds)
+    await _log_end_async(ctx.session, row_id)
+    return "held"
+
+
+@queue.task(name="bs_linked_async", pass_context=True, lost_interval=LEASE)
+async def bs_linked_async(ctx: JobContext[AsyncSession], order_id: int) -> str:
+    """:func:`bs_linked` for the async worker."""
+    row_id = await _log_start_async(ctx.session, ctx)
+    written = update(Order).where(Order.id == order_id).values(email="sent@example.com")
+    await ctx.session.execute(written)
+    await ctx.session.commit()
+    await _log_end_async(ctx.session, row_id)
+    return "written"
+
+
+@queue.task(name="bs_until_async", pass_context=True, lost_interval=LEASE)
+async def bs_until_async(ctx: JobContext[AsyncSession], shipment_id: int) -> str:
+    """:func:`bs_until` for the async worker."""
+    await ctx.wait_until(shipped, shipment_id)
+    return "shipped"
