@@ -207,6 +207,20 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
+def mutants(session: nox.Session) -> None:
+    """Break each promise on purpose and check that its tests notice (tests/mutants/).
+
+    Each curated mutant (``tests/mutants/catalog.py``) is applied, one at a time, to a
+    scratch copy of the working tree (never to the tree itself), and the tests that guard
+    it run there; the session fails when any mutant survives, and before running anything
+    when a mutant's text no longer occurs exactly once. ``-- NAME ...`` runs some of them,
+    ``-- --list`` lists them, ``-- --check`` only checks their texts.
+    """
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "tests.mutants", *session.posargs)
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """Check style and formatting with ruff."""
     session.install(RUFF)
