@@ -51,14 +51,17 @@ __all__ = [
     "run_migrate",
     "run_signal",
     "run_versions",
+    "shown_attempt",
 ]
 
 JOB_HELP = f"""\
 Show one job: its task, state, attempts, times and last error; for a suspended durable
 job, what it waits for and until when ("no deadline": until its signal, its row or an
 operator); then its committed steps, cursors and waits in commit order: name, kind,
-version, attempt, when it committed, its compensation (-: none; pending; or the job that
-ran it) and its stored result (JSON). --json prints {{"job": ..., "steps": [...]}}.
+version, attempt, when it committed, its compensation (-: none; declared: it runs if
+the job finally fails or is cancelled; or the job that ran it) and its stored result
+(JSON). A suspended job is in the attempt its steps name: a wait is not an attempt. --json
+prints {{"job": ..., "steps": [...]}}.
 
 exit status:
   0  printed
@@ -106,10 +109,17 @@ _STEP_COLUMNS = (
 )
 
 
+def shown_attempt(row: JobRow) -> int:
+    """The attempt a job is in, as its steps count it: a suspended job gave its attempt
+    back (a wait is not an attempt), and resumes that same attempt when it wakes."""
+    return row.attempts + 1 if row.state == "suspended" else row.attempts
+
+
 def _compensation(step: StepRecord) -> str:
     if not step.has_compensation:
         return "-"
-    return "pending" if step.compensated_by is None else f"job {step.compensated_by}"
+    # Declared, not yet enqueued: it runs only if the job finally fails or is cancelled.
+    return "declared" if step.compensated_by is None else f"job {step.compensated_by}"
 
 
 def step_json(step: StepRecord) -> dict[str, Any]:
@@ -133,7 +143,8 @@ def _print_job(row: JobRow, steps: Sequence[StepRecord]) -> None:
         (f"job {row.id}", "bold"),
         row.task,
         row.state,
-        f"attempt {format_attempts(row.attempts, row.max_attempts)}",
+        f"attempt {format_attempts(shown_attempt(row), row.max_attempts)}"
+        + (" (suspended in it)" if row.state == "suspended" else ""),
     ]
     if row.state == "suspended":
         header += [f"waits for {row.waits_for or '-'}", f"until {format_until(row.until)}"]

@@ -28,7 +28,7 @@ from sqla_queue.conversation import run_flow
 from sqla_queue.durable.compensate import compensations_flow
 from sqla_queue.durable.statements import DurableStatements
 from tests.support.app import Shipment, StepWrite
-from tests.support.durable_app import dj_signal_then_sleep
+from tests.support.durable_app import dj_saga, dj_signal_then_sleep
 from tests.support.durable_checks import drain, outcome
 from tests.support.durable_edges_app import (
     Crate,
@@ -473,3 +473,45 @@ def test_a_def_handler_on_the_async_worker_leaves_no_unawaited_close(
         status, result = outcome(engine, job)
         assert status == "succeeded"
         assert result.startswith("refused: ") if durable else result == "AsyncSession"
+
+
+# -- what a suspended job and its steps read as ----------------------------------------------
+
+
+def test_a_suspended_job_reads_as_in_the_attempt_its_steps_name_cli_and_dashboard(
+    engine: Engine,
+    db_url: str,
+    SessionLocal: sessionmaker[Session],
+    capsys: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A saga waiting for a signal, its steps committed by attempt 1: the job reads
+    "attempt 1 of 1" (it used to read 0), and a compensation not enqueued reads
+    "declared" (it read "pending", as if a refund were under way)."""
+    with SessionLocal.begin() as session:
+        job = dj_saga.enqueue(session, False, wait=True)
+    drain(SessionLocal)
+    monkeypatch.setenv("COLUMNS", "200")
+    status = main(["job", TARGET, "--url", db_url, str(job)])
+    out = capsys.readouterr().out
+    assert status == EXIT_OK
+    assert "attempt 1 of 1 (suspended in it)" in out, out
+    assert "attempt 0" not in out
+    assert "declared" in out and "pending" not in out
+    steps = [line.split() for line in out.splitlines() if line.startswith("charge ")]
+    assert steps and "1" in steps[0]
+
+    pytest.importorskip("starlette", reason="the dashboard extra is not installed")
+    pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*httpx.*deprecated")
+        from starlette.testclient import TestClient
+
+    with TestClient(queue.dashboard(engine)) as client:
+        page = client.get(f"/jobs/{job}").text
+        listed = client.get("/jobs", params={"state": "suspended"}).text
+    attempts = re.search(r'<dd id="job-attempts">(.*?)</dd>', page)
+    assert attempts is not None and attempts[1].startswith("1 of 1"), attempts
+    assert ">declared<" in page and ">pending<" not in page
+    row = re.search(rf'<tr data-job="{job}">(.*?)</tr>', listed, re.S)
+    assert row is not None and '<td class="num">1/1</td>' in row[1]
