@@ -8,6 +8,7 @@ import datetime as dt
 import sys
 import textwrap
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from rich.text import Text
@@ -402,9 +403,15 @@ _JOB_COLUMNS = (
 # With suspended jobs in the list: what each waits for, and until when, after the state.
 _WAIT_COLUMNS = (
     *_JOB_COLUMNS[:3],
-    Column("waits for", least=16, cut="end", drop=6, whole=True),
+    Column("waits for", least=16, cut="end", drop=6),
     Column("until", drop=4),
     *_JOB_COLUMNS[3:],
+)
+
+
+_WAIT_COLUMNS_WHOLE = tuple(
+    replace(column, whole=True) if column.header == "waits for" else column
+    for column in _WAIT_COLUMNS
 )
 
 
@@ -454,7 +461,13 @@ def run_jobs(args: argparse.Namespace) -> int:
                 f"{row.about_table}:{row.about_key}" if row.about_table is not None else "-",
             )
         )
-    print_table(_WAIT_COLUMNS if waits else _JOB_COLUMNS, table, empty="no jobs")
+    columns: tuple[Column, ...] = _JOB_COLUMNS
+    if waits:
+        # A listing of suspended jobs only is read for their waits: the other columns give
+        # way before a wait is cut. In a mixed listing, a wait may be cut instead.
+        whole = all(row.state == "suspended" for row in rows)
+        columns = _WAIT_COLUMNS_WHOLE if whole else _WAIT_COLUMNS
+    print_table(columns, table, empty="no jobs")
     return EXIT_OK
 
 

@@ -84,6 +84,17 @@ def test_jobs_status_suspended_shows_the_whole_wait_and_no_column_of_dashes(
         assert "no deadline" in row
 
 
+def test_a_mixed_listing_keeps_the_finish_times_and_cuts_the_wait_if_it_must(
+    shop: dict, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = cli(capsys, "jobs", shop["url"])
+    assert "finished" in lines[0].split() and "waits" in lines[0].split()
+    label = next(line for line in lines if line.split()[0] == str(shop["label"]))
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ", label)
+    payment = next(line for line in lines if line.split()[0] == str(shop["payments"][0]))
+    assert "signal:payment" in payment
+
+
 def test_job_shows_its_steps_whole_before_their_version(
     shop: dict, capsys: pytest.CaptureFixture[str]
 ) -> None:
