@@ -281,7 +281,11 @@ def test_the_stale_completion_of_a_reclaimed_node_releases_nothing_again(
     with SessionLocal.begin() as session:
         handle = queue.chain(slow_first.call(seconds=2.0), wfc_log.call("child")).enqueue(session)
     root, child = handle.jobs["slow_first"], handle.jobs["wfc_log"]
-    worker_a = queue.worker(SessionLocal, tasks=["slow_first"], heartbeat_interval=60, **QUICK)
+    # Neither A's heartbeat nor its registry (every 5 s at most) keeps its row fresh
+    # before B looks: A is as good as dead to B.
+    worker_a = queue.worker(
+        SessionLocal, tasks=["slow_first"], heartbeat_interval=60, reclaim_interval=60, **QUICK
+    )
     with worker_thread(worker_a) as stats_a:
         wait_for(lambda: execution(engine, root).state == "running")
         worker_b = queue.worker(
