@@ -27,7 +27,6 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from sqla_queue.conversation import Flow
 from sqla_queue.errors import WorkerStoppedError
 from sqla_queue.logic.outcomes import ClaimedJob, Outcome, OutcomeKind, outcomes_json
 from sqla_queue.statements.claim import LimitedRatedClaimParams
@@ -54,7 +53,7 @@ from sqla_queue.worker.decider.nodes import WorkflowNodes, expansion_of
 from sqla_queue.worker.decider.pacing import ClaimPacer
 from sqla_queue.worker.decider.prebuilt import WorkerStatements
 from sqla_queue.worker.decider.prefetch import Prefetch
-from sqla_queue.worker.decider.rates import RateSchedule
+from sqla_queue.worker.decider.rates import RatedClaim, RateSchedule
 from sqla_queue.worker.decider.recovery import Recovery
 from sqla_queue.worker.decider.running import RunningJobs
 from sqla_queue.worker.decider.shutdown import Shutdown
@@ -346,33 +345,22 @@ class Decider:
         params["tasks"] = [task]
         statement = self.statements.rated_claim(limited=self.pacer.is_limited(task))
         self.rates.claiming(task, now)
-        lock = Step(self.statements.rate_lock, RateLockParams(rate_task=task))
-        # The claim's rows, and a burst run's backlog probe: sent only under the lock.
-        found: list[Sequence[Any]] = []
-
-        def claim_under_lock(results: Sequence[Sequence[Any]]) -> Flow[None] | None:
-            # No row: another transaction holds the control row (another worker's claim,
-            # or an application changing the task's controls, for as long as it likes).
-            # The task is claimed at its next poll rather than waited for.
-            return _claim_flow() if results[0] else None
-
-        def _claim_flow() -> Flow[None]:
-            found.append((yield Step(statement, params)))
-            if self.burst:
-                # Whether the window, if full, holds back any due job (RateSchedule.claimed).
-                backlog = RateBacklogParams(rate_task=task)
-                found.append((yield Step(self.statements.rate_backlog, backlog)))
+        # Whether the window, if full, holds back any due job (RateSchedule.claimed).
+        backlog = RateBacklogParams(rate_task=task)
+        rated = RatedClaim(
+            Step(statement, params),
+            Step(self.statements.rate_backlog, backlog) if self.burst else None,
+        )
 
         def claimed(results: list[Sequence[Any]]) -> list[RunningJob]:
-            if not found:
+            if rated.rows is None:
                 return []
-            backlog = found[1] if len(found) > 1 else None
-            due_left = bool(backlog[0].due) if backlog else None
             return self.accept_claim(
-                found[0], size, now, make_context, rated=task, due_left=due_left
+                rated.rows, size, now, make_context, rated=task, due_left=rated.due_left
             )
 
-        return atomic_unit(self.guard, [lock], claimed, lambda: None, claim_under_lock)
+        lock = Step(self.statements.rate_lock, RateLockParams(rate_task=task))
+        return atomic_unit(self.guard, [lock], claimed, lambda: None, rated.follow)
 
     def _buffer(
         self, outcome: Outcome, job: ClaimedJob, expansion: Expansion | None = None

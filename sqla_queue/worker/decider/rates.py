@@ -7,9 +7,10 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sqla_queue.conversation import Flow, Step
 from sqla_queue.worker.decider.pacing import poll_wait
 
-__all__ = ["RateSchedule", "stored_rate"]
+__all__ = ["RateSchedule", "RatedClaim", "stored_rate"]
 
 log = logging.getLogger("sqla_queue.worker")
 
@@ -17,6 +18,42 @@ log = logging.getLogger("sqla_queue.worker")
 def stored_rate(row: Any) -> tuple[Any, Any]:
     """A control row's stored limit, ``(rate_max, rate_seconds)``."""
     return getattr(row, "rate_max", None), getattr(row, "rate_seconds", None)
+
+
+class RatedClaim:
+    """The statements of one rated claim, sent only once the task's control row is locked.
+
+    The unit locks the row with ``SKIP LOCKED``; :meth:`follow` reads that statement's
+    rows. No row: another transaction holds it (another worker's claim, or an application
+    changing the task's controls, for as long as it likes), and the task is claimed at its
+    next poll instead of waited for. Otherwise the claim is sent, then ``backlog`` (a burst
+    run's probe), if given.
+    """
+
+    def __init__(self, claim: Step, backlog: Step | None) -> None:
+        self._claim = claim
+        self._backlog = backlog
+        self._found: list[Sequence[Any]] = []
+
+    def follow(self, results: Sequence[Sequence[Any]]) -> Flow[None] | None:
+        """The rest of the unit, given the lock statement's rows: the claim, or nothing."""
+        return self._send() if results and results[0] else None
+
+    def _send(self) -> Flow[None]:
+        self._found.append((yield self._claim))
+        if self._backlog is not None:
+            self._found.append((yield self._backlog))
+
+    @property
+    def rows(self) -> Sequence[Any] | None:
+        """The claim's rows; ``None`` if it was not sent (the row was held)."""
+        return self._found[0] if self._found else None
+
+    @property
+    def due_left(self) -> bool | None:
+        """Whether due jobs were left behind a full window (burst runs only)."""
+        backlog = self._found[1] if len(self._found) > 1 else None
+        return bool(backlog[0].due) if backlog else None
 
 
 class RateSchedule:
