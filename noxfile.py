@@ -1,5 +1,6 @@
 """Developer tasks: ``nox -s tests``, ``nox -s lint``, ``nox -s typecheck``, ``nox -s docs``,
-``nox -s matrix`` (the version matrix) and ``nox -s build`` (sdist, wheel, twine check).
+``nox -s matrix`` (the version matrix), ``nox -s build`` (sdist, wheel, twine check) and
+``nox -s mutants`` (each promise broken on purpose must fail its tests; see tests/mutants).
 
 Arguments after ``--`` go to pytest, e.g. ``nox -s tests -- -m unit -x``.
 
