@@ -25,6 +25,13 @@ from sqla_queue.durable.admin import (
     StepVersion,
     SuspendedJob,
 )
+from sqla_queue.durable.checks import (
+    check_durable_name,
+    check_job_id,
+    check_job_id_list,
+    check_listing_limit,
+    check_step_version,
+)
 from sqla_queue.durable.conditions import RowCondition
 from sqla_queue.models.tables import QueueTables
 
@@ -61,8 +68,10 @@ class DurableMethods:
         and job: a second one of the same name is not stored (``stored`` is ``False``).
         Raises :class:`~sqla_queue.errors.JobNotFoundError` for an unknown job.
         """
-        if not isinstance(name, str) or not name or len(name) > 200:
-            raise ValueError(f"a signal needs a name of 1 to 200 characters, got {name!r}")
+        # Checked before anything is sent: 1.5 must not signal job 2, and a name the
+        # database cannot store must not abort the caller's transaction.
+        job_id = check_job_id(job_id)
+        check_durable_name(name, "signal")
         encoded = admin.encode_signal_payload(name, payload)
         result: Signalled | Coroutine[Any, Any, Signalled] = self._durable_flow(
             session, lambda s: admin.signal_flow(s.durable, job_id, name, encoded)
@@ -80,6 +89,8 @@ class DurableMethods:
         that row, in the flush's transaction, if the condition holds. ``name`` (default:
         derived from the clause) is part of what waiting jobs store: keep it stable.
         """
+        if name is not None:
+            check_durable_name(name, "condition")
         return RowCondition(self.tables, entity, clause, name)
 
     def suspended_jobs(
@@ -87,6 +98,9 @@ class DurableMethods:
     ) -> list[SuspendedJob] | Coroutine[Any, Any, list[SuspendedJob]]:
         """The suspended jobs (of ``task``), soonest due first: what each waits for, and
         until when."""
+        if task is not None and not isinstance(task, str):
+            raise TypeError(f"task must be a task's name or None, got {task!r}")
+        limit = check_listing_limit(limit, "suspended jobs")
         result: list[SuspendedJob] | Coroutine[Any, Any, list[SuspendedJob]]
         result = self._durable_flow(
             session, lambda s: admin.suspended_flow(s, task=task, limit=limit)
@@ -97,6 +111,7 @@ class DurableMethods:
         self, session: Bind, job_id: int
     ) -> list[StepRecord] | Coroutine[Any, Any, list[StepRecord]]:
         """Job ``job_id``'s committed steps, cursors and waits, in commit order."""
+        job_id = check_job_id(job_id)
         result: list[StepRecord] | Coroutine[Any, Any, list[StepRecord]]
         result = self._durable_flow(session, lambda s: admin.job_steps_flow(s, job_id))
         return result
@@ -115,6 +130,11 @@ class DurableMethods:
         """Declare the stored ``step`` of ``task``'s queued jobs, committed by version
         ``from_version`` of the code, valid for ``to_version``, and wake the jobs that
         waited for it; their ids. See the durable jobs guide on versions."""
+        if not isinstance(task, str) or not task:
+            raise ValueError(f"task must be a task's name, got {task!r}")
+        check_durable_name(step, "step")
+        check_step_version(from_version)
+        check_step_version(to_version)
         result: list[int] | Coroutine[Any, Any, list[int]] = self._durable_flow(
             session,
             lambda s: admin.migrate_steps_flow(
@@ -129,6 +149,7 @@ class DurableMethods:
         """End the sleeps and wait deadlines of suspended jobs (``job_ids``; ``None``:
         all) now and wake them; their ids. For tests and operators: a sleeping job runs
         at once, and a wait with a deadline times out."""
+        ids = check_job_id_list(job_ids)
         result: list[int] | Coroutine[Any, Any, list[int]]
-        result = self._durable_flow(session, lambda s: admin.fire_flow(s, job_ids))
+        result = self._durable_flow(session, lambda s: admin.fire_flow(s, ids))
         return result

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqla_queue.checks import INT8_MAX
-from sqla_queue.cli.jobs import error_summary, format_until
+from sqla_queue.cli.failed import error_summary
+from sqla_queue.cli.jobs import format_until
 from sqla_queue.cli.render import (
     TASK_WIDTH,
     Cell,
@@ -206,6 +207,10 @@ def _payload(text: str) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text!r}") from None
+    except RecursionError:
+        raise argparse.ArgumentTypeError(
+            f"it nests lists and objects too deeply to be read ({len(text)} characters)"
+        ) from None
 
 
 def _signal_words(sent: Signalled) -> str:

@@ -38,6 +38,10 @@ def signal_payload(text: str) -> Any:
         value = json.loads(text)
     except ValueError as exc:
         raise RequestRefused(400, f"The payload is not JSON: {exc}.") from None
+    except RecursionError:
+        raise RequestRefused(
+            400, "The payload nests lists and objects too deeply to be read."
+        ) from None
     # PostgreSQL's jsonb has no NUL character: refused here rather than by the database.
     if "\\u0000" in json.dumps(value):
         raise RequestRefused(400, "The payload holds a NUL character (\\u0000).")

@@ -17,6 +17,7 @@ from typing import Any
 from sqla_queue.conversation import Flow, Step
 from sqla_queue.durable.statements import DurableStatements
 from sqla_queue.enqueue import TaskDefaults, job_row
+from sqla_queue.logic.payload import dump_json
 from sqla_queue.models.tables import QueueTables
 from sqla_queue.spec import JobSpec
 from sqla_queue.statements.compensations import (
@@ -69,7 +70,14 @@ def encode_compensation(spec: JobSpec, job_id: int, defaults: Callable[[str], Ta
     """
     row: dict[str, Any] = dict(job_row(spec, defaults(spec.task), 0))
     row["queue_id"] = compensation_key(job_id)
-    return json.dumps(row)
+    # Every payload rule of an enqueue (no NaN, no NUL, JSON types only), refused here
+    # with the task's name, where json.dumps let the database refuse it, aborting the step.
+    return dump_json(
+        row,
+        task=spec.task,
+        what="its arguments",
+        doing=f"declare {spec.task!r} as a compensation of job {job_id}",
+    )
 
 
 def compensations_flow(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from sqla_queue.conversation import Flow, Step
 from sqla_queue.durable.api import Batch, Cursor, Face, StepBlock
+from sqla_queue.durable.checks import check_durable_name, check_seconds, check_step_version
 from sqla_queue.durable.compensate import compensation_spec, encode_compensation
 from sqla_queue.durable.conditions import RowCondition
 from sqla_queue.durable.faces import commit_flow, commit_flow_async, read_flow, read_flow_async
@@ -54,20 +54,11 @@ def _in_event_loop() -> bool:
 
 
 def _seconds(value: float | dt.timedelta | None, what: str) -> float | None:
-    if value is None:
-        return None
-    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or math.isnan(seconds):
-        raise TypeError(f"{what} must be seconds or a timedelta, got {value!r}")
-    if seconds < 0:
-        raise ValueError(f"{what} must not be negative, got {value!r}")
-    return float(seconds)
+    return check_seconds(value, what)
 
 
 def _check_name(name: object, what: str) -> str:
-    if not isinstance(name, str) or not name or len(name) > 200:
-        raise ValueError(f"a {what} needs a name of 1 to 200 characters, got {name!r}")
-    return name
+    return check_durable_name(name, what)
 
 
 class DurableContext:
@@ -324,8 +315,7 @@ async def _done_now(value: Any) -> Any:
 
 
 def _check_version(version: object) -> None:
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ValueError(f"a step's version is a whole number from 1, got {version!r}")
+    check_step_version(version)
 
 
 class _SyncFace:

@@ -23,10 +23,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_queue import statements
 from sqla_queue.cli.main import main
-from sqla_queue.cli.scaffold import EXIT_OK
+from sqla_queue.cli.scaffold import EXIT_OK, EXIT_USAGE
 from sqla_queue.conversation import run_flow
+from sqla_queue.dashboard.durable_views import signal_payload
+from sqla_queue.dashboard.params import RequestRefused
 from sqla_queue.durable.compensate import compensations_flow
 from sqla_queue.durable.statements import DurableStatements
+from sqla_queue.errors import PayloadNotSerializableError
 from tests.support.app import Shipment, StepWrite
 from tests.support.durable_app import dj_saga, dj_signal_then_sleep
 from tests.support.durable_checks import drain, outcome
@@ -37,6 +40,8 @@ from tests.support.durable_edges_app import (
     Parcel,
     edge_after_break,
     edge_async_nested,
+    edge_bad_compensation,
+    edge_bad_wait,
     edge_def_touches_session,
     edge_nested,
     edge_plain,
@@ -515,3 +520,159 @@ def test_a_suspended_job_reads_as_in_the_attempt_its_steps_name_cli_and_dashboar
     assert ">declared<" in page and ">pending<" not in page
     row = re.search(rf'<tr data-job="{job}">(.*?)</tr>', listed, re.S)
     assert row is not None and '<td class="num">1/1</td>' in row[1]
+
+
+# -- bad input gets a clear error and writes nothing (section 5) -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "words"),
+    [
+        ("sleep", "inf", "at most 100 years"),
+        ("sleep", 1e12, "at most 100 years"),
+        ("sleep", "nan", "must be seconds"),
+        ("sleep", -1, "must not be negative"),
+        ("timeout", "inf", "at most 100 years"),
+        ("timeout", 10**13, "at most 100 years"),
+        ("signal", "nul", "NUL"),
+        ("signal", "surrogate", "surrogate"),
+        ("signal", "", "1 to 200 characters"),
+    ],
+)
+def test_a_bad_wait_is_refused_before_anything_is_written(
+    engine: Engine, SessionLocal: sessionmaker[Session], kind: str, value: Any, words: str
+) -> None:
+    with SessionLocal.begin() as session:
+        job = edge_bad_wait.enqueue(session, kind, value)
+    drain(SessionLocal)
+    status, message = outcome(engine, job)
+    assert status == "succeeded" and words in message, message
+    with SessionLocal() as session:
+        assert queue.job_steps(session, job) == []
+    assert _wait(engine, job) is None
+
+
+@pytest.mark.parametrize(
+    ("job_id", "error"),
+    [(1.5, TypeError), (True, TypeError), ("2", TypeError), (2**63, ValueError)],
+)
+def test_a_bad_job_id_signals_nothing(
+    engine: Engine, SessionLocal: sessionmaker[Session], job_id: Any, error: type
+) -> None:
+    """``signal(job_id=1.5)`` used to signal job 2 (the driver truncated the float)."""
+    with SessionLocal.begin() as session:
+        edge_plain.enqueue(session, 1)
+        edge_plain.enqueue(session, 2)
+    with SessionLocal.begin() as session:
+        with pytest.raises(error, match="job id"):
+            queue.signal(session, job_id, "go", 1)
+        with pytest.raises(error, match="job id"):
+            queue.job_steps(session, job_id)
+        with pytest.raises(error, match="job id"):
+            queue.fire_timers(session, [job_id])
+        session.execute(select(1))  # the transaction was not aborted
+    with engine.connect() as connection:
+        assert connection.execute(select(queue.tables.job_signals)).all() == []
+
+
+@pytest.mark.parametrize("name", ["go\x00", "go\ud800", "", "x" * 201, None])
+def test_a_bad_signal_name_is_refused_and_the_transaction_goes_on(
+    engine: Engine, SessionLocal: sessionmaker[Session], name: Any
+) -> None:
+    with SessionLocal.begin() as session:
+        job = edge_plain.enqueue(session, 1)
+    with SessionLocal.begin() as session:
+        with pytest.raises(ValueError, match="signal"):
+            queue.signal(session, job, name, 1)
+        assert queue.signal(session, job, "fine", 1).stored  # not aborted
+    with engine.connect() as connection:
+        names = connection.execute(select(queue.tables.job_signals.c.name)).scalars().all()
+    assert names == ["fine"]
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1.5, True, "10"])
+def test_a_bad_listing_limit_is_refused(SessionLocal: sessionmaker[Session], limit: Any) -> None:
+    with SessionLocal() as session, pytest.raises((TypeError, ValueError), match="suspended"):
+        queue.suspended_jobs(session, limit=limit)
+
+
+def test_a_huge_listing_limit_lists_everything(SessionLocal: sessionmaker[Session]) -> None:
+    with SessionLocal() as session:
+        assert queue.suspended_jobs(session, limit=2**63) == []
+
+
+def test_bad_step_versions_and_condition_names_are_refused(
+    SessionLocal: sessionmaker[Session],
+) -> None:
+    with SessionLocal() as session:
+        for bad in (0, 1.5, True, 2**31):
+            with pytest.raises(ValueError, match="version"):
+                queue.migrate_steps(session, task="t", step="s", from_version=bad, to_version=2)
+        with pytest.raises(ValueError, match="NUL"):
+            queue.migrate_steps(session, task="t", step="s\x00", from_version=1, to_version=2)
+    with pytest.raises(ValueError, match="NUL"):
+        queue.condition(Crate, Crate.status == "x", name="bad\x00")
+
+
+@pytest.mark.parametrize("bad", ["nan", "nul", "object"])
+def test_a_compensation_that_cannot_be_stored_fails_its_step_by_name(
+    engine: Engine, SessionLocal: sessionmaker[Session], bad: str
+) -> None:
+    with SessionLocal.begin() as session:
+        job = edge_bad_compensation.enqueue(session, bad)
+    drain(SessionLocal)
+    status, message = outcome(engine, job)
+    assert status == "succeeded"
+    assert message.startswith("PayloadNotSerializableError: ") and "edge_undo" in message
+    assert rows_of(engine, job) == []  # the step's write was rolled back
+    with SessionLocal() as session:
+        assert queue.job_steps(session, job) == []
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_a_deeply_nested_signal_payload_is_refused_by_the_api_the_cli_and_the_dashboard(
+    engine: Engine,
+    db_url: str,
+    SessionLocal: sessionmaker[Session],
+    capsys: Any,
+) -> None:
+    with SessionLocal.begin() as session:
+        job = edge_plain.enqueue(session, 1)
+    deep: list[Any] = []
+    inner = deep
+    for _ in range(1000):
+        inner.append([])
+        inner = inner[0]
+    with SessionLocal.begin() as session, pytest.raises(PayloadNotSerializableError, match="deep"):
+        queue.signal(session, job, "go", deep)
+
+    status = main(["signal", TARGET, "--url", db_url, str(job), "go", "--payload", _nested(1001)])
+    captured = capsys.readouterr()
+    assert status == EXIT_USAGE
+    assert "too deeply" in captured.err and "Traceback" not in captured.err
+
+    with pytest.raises(RequestRefused) as refused:
+        signal_payload(_nested(1001))
+    assert refused.value.status == 400
+    pytest.importorskip("starlette", reason="the dashboard extra is not installed")
+    pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*httpx.*deprecated")
+        from starlette.testclient import TestClient
+
+    with TestClient(queue.dashboard(engine, auth=lambda request: "ops")) as client:
+        client.follow_redirects = False
+        page = client.get(f"/jobs/{job}")
+        token = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+        assert token is not None
+        for payload in (_nested(1001), _nested(300)):
+            sent = client.post(
+                f"/jobs/{job}/signal",
+                data={"name": "go", "payload": payload, "csrf_token": token[1]},
+            )
+            assert sent.status_code == 400, sent.text
+    with engine.connect() as connection:
+        assert connection.execute(select(queue.tables.job_signals)).all() == []

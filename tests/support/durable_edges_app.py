@@ -246,3 +246,39 @@ def edge_def_touches_session(ctx: JobContext[Any], durable: bool) -> str:
         return "no error"
     ctx.session.add(StepWrite(job_id=ctx.job_id, step="never flushed"))
     return type(ctx.session).__name__
+
+
+@queue.task(name="edge_bad_wait", pass_context=True, max_attempts=1)
+def edge_bad_wait(ctx: JobContext[Session], kind: str, value: Any) -> str:
+    """``ctx.sleep(value)`` (``kind="sleep"``; ``"inf"``/``"nan"`` as floats), a signal
+    wait with that timeout (``"timeout"``), or a wait for a signal named ``value``
+    (``"signal"``): the error's type and text."""
+    if isinstance(value, str) and value in ("inf", "-inf", "nan"):
+        value = float(value)
+    if kind == "signal":  # names a job's arguments could not carry
+        value = {"nul": "go\x00", "surrogate": "go\ud800"}.get(value, value)
+    try:
+        if kind == "sleep":
+            ctx.sleep(value)
+        elif kind == "timeout":
+            ctx.wait_for_signal("go", timeout=value)
+        else:
+            ctx.wait_for_signal(value)
+    except (TypeError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+@queue.task(name="edge_bad_compensation", pass_context=True, max_attempts=1)
+def edge_bad_compensation(ctx: JobContext[Session], bad: str) -> str:
+    """A step whose compensation's arguments cannot be stored: the error's type and text
+    (the step's write must not commit)."""
+    argument: Any = {"nan": float("nan"), "nul": "a\x00b", "object": {1, 2}}[bad]
+    try:
+        with ctx.step("charge") as step:
+            _write(ctx.session, ctx.job_id, "charge")
+            step.result = "ch_1"
+            step.compensate_with(edge_undo.call(ctx.job_id, argument))
+    except TypeError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
