@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqla_queue.checks import INT8_MAX
-from sqla_queue.cli.jobs import error_summary, format_until
+from sqla_queue.cli.failed import error_summary
+from sqla_queue.cli.jobs import format_until
 from sqla_queue.cli.render import (
     TASK_WIDTH,
     Cell,

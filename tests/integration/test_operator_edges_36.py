@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from sqla_queue.cli.jobs import error_summary, short_type
+from sqla_queue.cli.failed import error_summary, short_type
 from sqla_queue.cli.main import main
 from sqla_queue.testing.databases import DatabaseFactory
 from tests.support.operator36_app import (
