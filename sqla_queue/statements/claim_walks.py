@@ -59,7 +59,10 @@ def is_head(tables: QueueTables, row: Any) -> ColumnElement[bool]:
     No execution of the key runs (one probe of ``queue_running_uq``), whatever its place
     in the order: a job enqueued with a due time before the running one's would otherwise
     count as the head, and its claim would collide with the running one in that unique
-    index, failing every claim of the batch until it finished. Then either ``row`` has
+    index, failing every claim of the batch until it finished. The "started" walk below
+    sees such a running row too, except one written by a release before every claim set
+    ``lease_seconds`` (NULL there), which a rolling upgrade can leave running: that one
+    only this probe sees (tests/integration/test_fences.py). Then either ``row`` has
     started before (it was retried, rescheduled, handed back or reclaimed: it keeps its
     place whatever its new due time), or it comes first: no other job of the key has
     started and not finished (a walk of the key's few pending rows in

@@ -107,6 +107,14 @@ def complete_statement(tables: QueueTables) -> CompoundSelect[int]:
     # Parsed once: inlined, the JSON would be re-read for every row it is joined with.
     outcome = select(rows).cte("o").prefix_with("MATERIALIZED")
     worker = bindparam("worker", type_=Uuid)
+    # Both halves are needed, whatever the attempt counter does. Attempts go back (a
+    # reschedule gives one back, a requeue starts again at 0), so another worker can hold
+    # the row at the very attempt number a stale worker remembers: the worker tells them
+    # apart. A worker can claim again a job it lost, at a later attempt: the attempt tells
+    # them apart. One worker never holds two live attempts of a job at the same number: a
+    # job it claims again replaces its earlier handler, whose outcome is dropped
+    # (worker.decider.running), and its buffered outcomes are written before, or with,
+    # its next claim. tests/integration/test_fences.py holds each case.
     fence = and_(
         ex.c.id == outcome.c.id,
         ex.c.attempt == outcome.c.attempt,
