@@ -282,11 +282,10 @@ def test_two_raced_keyed_enqueues_are_claimed_one_at_a_time(engine: Engine) -> N
         two.commit()
     assert first < second
     with engine.connect() as connection:
-        states = dict(
-            connection.execute(
-                text(f"SELECT id, state FROM {EX.fullname} WHERE queue_id = 'acct'")
-            ).all()
-        )
+        found = connection.execute(
+            text(f"SELECT id, state FROM {EX.fullname} WHERE queue_id = 'acct'")
+        ).all()
+    states: dict[int, str] = {row.id: row.state for row in found}
     assert states == {first: "pending", second: "pending"}, "the enqueues did not race"
     w = uuid.uuid4()
     with engine.begin() as connection:
