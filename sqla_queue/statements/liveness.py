@@ -31,6 +31,7 @@ from sqlalchemy import (
     false,
     func,
     null,
+    or_,
     select,
     true,
     tuple_,
@@ -68,11 +69,17 @@ class HeartbeatParams(TypedDict):
     attempts: list[int]
 
 
-class ReclaimParams(TypedDict):
-    """Parameters of the reclaim sweep."""
-
+class _ReclaimHeld(TypedDict):
     #: Executions the sweeping worker runs itself: never reclaimed by it.
     held: list[int]
+
+
+class ReclaimParams(_ReclaimHeld, total=False):
+    """Parameters of the reclaim sweep (``worker`` may be left out)."""
+
+    #: The sweeping worker: its own running rows that it does not hold (a claim whose
+    #: reply was lost) are judged by their ``alive_at`` alone, since its own row is fresh.
+    worker: uuid.UUID | None
 
 
 def heartbeat_statement(tables: QueueTables) -> Select[Any]:
@@ -138,9 +145,11 @@ def heartbeat_statement(tables: QueueTables) -> Select[Any]:
 def reclaim_statement(tables: QueueTables) -> CompoundSelect[Any]:
     """Return running executions whose heartbeat is older than their lease to pending.
 
-    Parameter: ``held`` (bigint[]), the executions the calling worker runs right now: it
-    never reclaims those, even if its own heartbeat is late. Its other rows are fair game:
-    a claim whose reply was lost to a dropped connection leaves rows nobody runs. The
+    Parameters: :class:`ReclaimParams`. ``held`` (bigint[]) are the executions the calling
+    worker runs right now: it never reclaims those, even if its own heartbeat is late. Its
+    other rows (``worker``) are fair game once their ``alive_at`` is stale, its own fresh
+    row notwithstanding: a claim whose reply was lost to a dropped connection leaves rows
+    nobody runs, and no beat stamps them. The
     attempt stays as it is: the next claim counts a new one. ``reclaims`` counts how often
     the job was lost. A lost execution whose job was asked to cancel is not run again: its
     job becomes ``cancelled`` (a keyed one is parked ``done`` for the key's promotion).
@@ -163,12 +172,14 @@ def reclaim_statement(tables: QueueTables) -> CompoundSelect[Any]:
     w = tables.workers
     lease_start = func.now() - seconds(ex.c.lease_seconds)
     worker_alive = exists().where(w.c.worker_id == ex.c.worker_id, w.c.seen_at >= lease_start)
+    # The sweeper's own rows that it does not hold: nobody runs them, whatever its row says.
+    own_orphan = ex.c.worker_id == bindparam("worker", None, type_=Uuid)
     stale = (
         select(ex.c.id, ex.c.cancel_requested, ex.c.queue_id)
         .where(
             ex.c.state == RUNNING,
             ex.c.alive_at < lease_start,
-            ~worker_alive,
+            or_(~worker_alive, own_orphan),
             ex.c.id != all_(bindparam("held", type_=ARRAY(BigInteger))),
         )
         .with_for_update(skip_locked=True, key_share=True)

@@ -9,7 +9,9 @@ error.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import uuid
 
 import pytest
 from sqlalchemy import Engine, func, select, text
@@ -107,3 +109,27 @@ def test_a_beat_skips_a_locked_execution_and_keeps_the_worker_alive(
     with engine.begin() as sweeper:
         reclaimed = sweeper.execute(statements.reclaim_statement(queue.tables), {"held": []}).all()
     assert reclaimed == []
+
+
+def test_a_live_workers_own_orphaned_row_is_reclaimed_by_its_own_sweep(
+    engine: Engine, SessionLocal: sessionmaker[Session]
+) -> None:
+    """A claim whose reply was lost leaves a row running under a live worker that does not
+    know it: nobody beats for it. Other workers leave it (its worker's row is fresh); the
+    worker's own sweep takes it back, since it does not hold it."""
+    with SessionLocal.begin() as session:
+        orphan = noop.enqueue(session)
+    with engine.begin() as connection:
+        worker = pretend_claimed(connection, orphan, alive_for=dt.timedelta(minutes=5))
+        # The worker is alive: its row was stamped just now.
+        connection.execute(
+            queue.tables.workers.insert().values(
+                worker_id=worker, hostname="h", pid=1, tasks=["noop"], concurrency=1
+            )
+        )
+    reclaim = statements.reclaim_statement(queue.tables)
+    with engine.begin() as other:
+        assert other.execute(reclaim, {"held": [], "worker": uuid.uuid4()}).all() == []
+    with engine.begin() as own:
+        rows = own.execute(reclaim, {"held": [], "worker": worker}).all()
+    assert [row.id for row in rows] == [orphan]

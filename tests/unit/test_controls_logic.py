@@ -20,6 +20,7 @@ from sqla_queue.worker.actions import Claim, Maintain, Stop, Wait
 from sqla_queue.worker.decider import Decider
 from sqla_queue.worker.plan import TaskRuntime, WorkerPlan
 from sqla_queue.worker.settings import WorkerSettings
+from tests.support.units import LOCKED, run_unit
 
 pytestmark = pytest.mark.unit
 
@@ -90,8 +91,9 @@ def test_paused_and_rated_tasks_leave_the_plain_claim() -> None:
     assert core.paused == {"p"} and core.rated == {"r"}
     # The rated task is claimed first, on its own; then the plain claim.
     assert core.next_action(0.0) == Claim(4, rated="r")
-    core.prepare(Claim(4, rated="r"), 0.0, no_context).done(
-        [[], [], [rated_row(None, allowance=10, free_at=None)]]
+    run_unit(
+        core.prepare(Claim(4, rated="r"), 0.0, no_context),
+        [[], LOCKED, [rated_row(None, allowance=10, free_at=None)]],
     )
     assert core.next_action(0.0) == Claim(4)
 
@@ -121,7 +123,7 @@ def test_a_full_window_waits_until_its_oldest_start_leaves() -> None:
     assert core.next_action(0.0) == Claim(10, rated="r")
     free_at = T0 + dt.timedelta(seconds=0.75)
     rows = [rated_row(i, allowance=3, free_at=free_at) for i in (1, 2, 3)]
-    jobs = core.prepare(Claim(10, rated="r"), 0.0, no_context).done([[], [], rows])
+    jobs = run_unit(core.prepare(Claim(10, rated="r"), 0.0, no_context), [[], LOCKED, rows])
     assert len(jobs) == 3
     # Seven seats are free, but the window is full until free_at.
     action = core.next_action(0.0)
@@ -133,15 +135,17 @@ def test_a_notification_brings_an_idle_rated_task_forward_but_not_a_full_window(
     core = core_for("r", concurrency=2, poll_interval=5.0)
     core.next_action(0.0)
     core.controls_read([control("r", rated=True)])
-    core.prepare(Claim(2, rated="r"), 0.0, no_context).done(
-        [[], [], [rated_row(None, allowance=5, free_at=None)]]
+    run_unit(
+        core.prepare(Claim(2, rated="r"), 0.0, no_context),
+        [[], LOCKED, [rated_row(None, allowance=5, free_at=None)]],
     )
     assert isinstance(core.next_action(0.1), Wait)
     core.notified()
     assert core.next_action(0.1) == Claim(2, rated="r")
     full_until = T0 + dt.timedelta(seconds=2)
-    core.prepare(Claim(2, rated="r"), 0.1, no_context).done(
-        [[], [], [rated_row(None, allowance=0, free_at=full_until)]]
+    run_unit(
+        core.prepare(Claim(2, rated="r"), 0.1, no_context),
+        [[], LOCKED, [rated_row(None, allowance=0, free_at=full_until)]],
     )
     core.notified()
     action = core.next_action(0.2)
@@ -153,14 +157,16 @@ def test_a_burst_run_stops_only_once_the_rated_claims_come_back_empty() -> None:
     core.next_action(0.0)
     core.controls_read([control("r", rated=True)])
     assert core.next_action(0.0) == Claim(2, rated="r")
-    core.prepare(Claim(2, rated="r"), 0.0, no_context).done(
-        [[], [], [rated_row(None, allowance=0, free_at=T0 + dt.timedelta(seconds=1))]]
+    run_unit(
+        core.prepare(Claim(2, rated="r"), 0.0, no_context),
+        [[], LOCKED, [rated_row(None, allowance=0, free_at=T0 + dt.timedelta(seconds=1))]],
     )
     # A full window is not an empty queue: wait for it.
     assert isinstance(core.next_action(0.5), Wait)
     assert core.next_action(1.0) == Claim(2, rated="r")
-    core.prepare(Claim(2, rated="r"), 1.0, no_context).done(
-        [[], [], [rated_row(None, allowance=2, free_at=None)]]
+    run_unit(
+        core.prepare(Claim(2, rated="r"), 1.0, no_context),
+        [[], LOCKED, [rated_row(None, allowance=2, free_at=None)]],
     )
     assert core.next_action(1.0) == Stop()
 

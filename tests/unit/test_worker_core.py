@@ -24,6 +24,7 @@ from sqla_queue.worker.decider import Decider
 from sqla_queue.worker.handlers import HandlerRunner, RunningJob
 from sqla_queue.worker.plan import TaskRuntime, WorkerPlan
 from sqla_queue.worker.settings import WorkerSettings
+from tests.support.units import LOCKED, run_unit
 
 pytestmark = pytest.mark.unit
 
@@ -598,8 +599,9 @@ def fill_windows(core: Decider, tasks: list[str], now: float, free_in: float) ->
     for task in tasks:
         action = core.next_action(now)
         assert action == Claim(action.size, rated=task) if isinstance(action, Claim) else False
-        core.prepare(action, now, lambda j: None).done(
-            [[], [], [rated_row(None, task, allowance=0, free_at=free_at)]]
+        run_unit(
+            core.prepare(action, now, lambda j: None),
+            [[], LOCKED, [rated_row(None, task, allowance=0, free_at=free_at)]],
         )
 
 
@@ -680,11 +682,11 @@ def test_a_burst_run_does_not_wait_for_a_full_window_that_holds_back_nothing(
     action = core.next_action(0.0)
     assert action == Claim(4, rated="a")
     work = core.prepare(action, 0.0, lambda j: None)
-    # The guard, the lock, the claim, then the probe of what is left due.
-    assert len(work.steps) == 4
+    # The guard, the lock; under it, the claim, then the probe of what is left due.
+    assert len(work.steps) == 2
     free_at = T0 + dt.timedelta(days=7)
     rows = [rated_row(i, "a", allowance=2, free_at=free_at) for i in (1, 2)]
-    jobs = work.done([[], [], rows, backlog(False)])
+    jobs = run_unit(work, [[], LOCKED, rows, backlog(False)])
     for job in jobs:
         core.record(job, returned(core, job, None))
     assert core.next_action(0.0) == Flush()
@@ -692,8 +694,9 @@ def test_a_burst_run_does_not_wait_for_a_full_window_that_holds_back_nothing(
     # Finishing may have made more due: one more look (the probe says nothing), then stop.
     action = core.next_action(0.0)
     assert action == Claim(4, rated="a")
-    core.prepare(action, 0.0, lambda j: None).done(
-        [[], [], [rated_row(None, "a", allowance=0, free_at=free_at)], backlog(False)]
+    run_unit(
+        core.prepare(action, 0.0, lambda j: None),
+        [[], LOCKED, [rated_row(None, "a", allowance=0, free_at=free_at)], backlog(False)],
     )
     assert core.next_action(0.0) == Stop()
 
@@ -707,14 +710,16 @@ def test_a_burst_run_waits_for_a_full_window_while_due_jobs_are_left_behind_it(
     core.next_action(0.0)
     core.controls_read([control("a", rate=(1, 2.0))])
     free_at = T0 + dt.timedelta(seconds=2)
-    core.prepare(Claim(4, rated="a"), 0.0, lambda j: None).done(
-        [[], [], [rated_row(None, "a", allowance=0, free_at=free_at)], backlog(True)]
+    run_unit(
+        core.prepare(Claim(4, rated="a"), 0.0, lambda j: None),
+        [[], LOCKED, [rated_row(None, "a", allowance=0, free_at=free_at)], backlog(True)],
     )
     action = core.next_action(1.5)
     assert isinstance(action, Wait) and action.seconds == pytest.approx(0.5)
     assert core.next_action(2.0) == Claim(4, rated="a")
-    core.prepare(Claim(4, rated="a"), 2.0, lambda j: None).done(
-        [[], [], [rated_row(None, "a", allowance=1, free_at=None)], backlog(False)]
+    run_unit(
+        core.prepare(Claim(4, rated="a"), 2.0, lambda j: None),
+        [[], LOCKED, [rated_row(None, "a", allowance=1, free_at=None)], backlog(False)],
     )
     assert core.next_action(2.0) == Stop()
 
@@ -726,7 +731,15 @@ def test_a_long_running_worker_claims_rated_tasks_without_the_burst_probe(
     core.next_action(0.0)
     core.controls_read([control("a", rate=(1, 2.0))])
     work = core.prepare(Claim(4, rated="a"), 0.0, lambda j: None)
-    assert len(work.steps) == 3  # the guard, the lock, the claim
+    assert len(work.steps) == 2  # the guard, the lock; then, under the lock, the claim
+    assert work.follow is not None
+    flow = work.follow([[], LOCKED])
+    assert flow is not None
+    next(flow)  # the claim
+    with pytest.raises(StopIteration):
+        flow.send([])  # and no backlog probe after it
+    # A control row another transaction holds: no claim at all, and the unit ends.
+    assert work.follow([[], []]) is None
 
 
 def test_a_limit_changed_while_the_window_is_full_applies_at_the_next_maintenance(

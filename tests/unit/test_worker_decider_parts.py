@@ -435,7 +435,7 @@ def test_maintenance_runs_its_statements_in_order() -> None:
     assert [type(step.statement) for step, _ in steps] == [
         type(s) for s in (built.reclaim, built.limits, built.controls, built.cleanup)
     ] + [type(built.orphan_sweep), type(built.durable.wake_due)]
-    assert steps[0][0].params == {"held": [4, 5]}
+    assert steps[0][0].params == {"held": [4, 5], "worker": None}
     assert steps[1][0].params == {"tasks": ["a", "b"]} and steps[1][1] == paced.limits_read
     assert steps[3][0].params == {"limit": CLEANUP_BATCH}
     assert steps[4][0].params == {"after": "", "limit": SWEEP_KEYS}

@@ -20,6 +20,7 @@ can drive it with a fake clock and no database. The parts, each in a module of i
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import random
 import threading
@@ -149,6 +150,7 @@ class Decider:
             pacer=self.pacer,
             rates=self.rates,
             keys=self.keys,
+            worker_id=self.worker_id,
         )
         # Late-bound: the face installs its waker (set_waker) after this is built.
         wake = lambda: self._wake()  # noqa: E731, PLW0108
@@ -345,19 +347,14 @@ class Decider:
         params["tasks"] = [task]
         statement = self.statements.rated_claim(limited=self.pacer.is_limited(task))
         self.rates.claiming(task, now)
-        # Whether the window, if full, holds back any due job (RateSchedule.claimed).
-        backlog = RateBacklogParams(rate_task=task)
-        rated = RatedClaim(
-            Step(statement, params),
-            Step(self.statements.rate_backlog, backlog) if self.burst else None,
-        )
+        # A burst run asks whether a full window holds back any due job (RateSchedule).
+        probe = Step(self.statements.rate_backlog, RateBacklogParams(rate_task=task))
+        rated = RatedClaim(Step(statement, params), probe if self.burst else None)
 
         def claimed(results: list[Sequence[Any]]) -> list[RunningJob]:
-            if rated.rows is None:
-                return []
-            return self.accept_claim(
-                rated.rows, size, now, make_context, rated=task, due_left=rated.due_left
-            )
+            rows, left = rated.rows, rated.due_left
+            accept = functools.partial(self.accept_claim, rated=task, due_left=left)
+            return [] if rows is None else accept(rows, size, now, make_context)
 
         lock = Step(self.statements.rate_lock, RateLockParams(rate_task=task))
         return atomic_unit(self.guard, [lock], claimed, lambda: None, rated.follow)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -55,8 +56,11 @@ class Maintenance:
         pacer: ClaimPacer,
         rates: RateSchedule,
         keys: KeyPromotion,
+        worker_id: uuid.UUID | None = None,
     ) -> None:
         self._statements = statements
+        # The worker's id: its own rows that it does not hold are swept by their clock.
+        self._worker = worker_id
         self._plan = plan
         self._observers = observers
         self._interval = interval
@@ -82,7 +86,10 @@ class Maintenance:
         process holds, which are never reclaimed, even if their heartbeat is late."""
         built, plan = self._statements, self._plan
         return [
-            (Step(built.reclaim, ReclaimParams(held=held)), self.reclaimed),
+            (
+                Step(built.reclaim, ReclaimParams(held=held, worker=self._worker)),
+                self.reclaimed,
+            ),
             (
                 Step(built.limits, LimitedTasksParams(tasks=plan.task_names)),
                 self._pacer.limits_read,

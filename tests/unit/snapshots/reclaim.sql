@@ -1,9 +1,9 @@
 WITH stale AS 
 (SELECT app.q_job_executions.id AS id, app.q_job_executions.cancel_requested AS cancel_requested, app.q_job_executions.queue_id AS queue_id 
 FROM app.q_job_executions 
-WHERE app.q_job_executions.state = 'running' AND app.q_job_executions.alive_at < now() - app.q_job_executions.lease_seconds * interval '1 second' AND NOT (EXISTS (SELECT * 
+WHERE app.q_job_executions.state = 'running' AND app.q_job_executions.alive_at < now() - app.q_job_executions.lease_seconds * interval '1 second' AND (NOT (EXISTS (SELECT * 
 FROM app.q_workers 
-WHERE app.q_workers.worker_id = app.q_job_executions.worker_id AND app.q_workers.seen_at >= now() - app.q_job_executions.lease_seconds * interval '1 second')) AND app.q_job_executions.id != ALL (%(held)s::BIGINT[]) FOR NO KEY UPDATE SKIP LOCKED), 
+WHERE app.q_workers.worker_id = app.q_job_executions.worker_id AND app.q_workers.seen_at >= now() - app.q_job_executions.lease_seconds * interval '1 second')) OR app.q_job_executions.worker_id = %(worker)s::UUID) AND app.q_job_executions.id != ALL (%(held)s::BIGINT[]) FOR NO KEY UPDATE SKIP LOCKED), 
 requeued AS 
 (UPDATE app.q_job_executions SET state='pending', reclaims=(app.q_job_executions.reclaims + %(reclaims_1)s::INTEGER), worker_id=NULL, alive_at=NULL FROM stale WHERE app.q_job_executions.id = stale.id AND stale.cancel_requested IS false RETURNING app.q_job_executions.id, app.q_job_executions.task, app.q_job_executions.attempt, app.q_job_executions.reclaims), 
 dropped AS 
