@@ -456,7 +456,8 @@ def role(db_url: str) -> Iterator[Callable[[bool], str]]:
         with owner.connect() as connection:
             connection.execute(text(f'GRANT USAGE ON SCHEMA "{schema}" TO "{name}"'))
             if tables:
-                for table in (JOBS, EX):
+                # The workers table: the reclaim reads whose rows are alive.
+                for table in (JOBS, EX, queue.tables.workers):
                     connection.execute(
                         text(
                             f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{schema}"."{table.name}" '
