@@ -540,7 +540,7 @@ def test_a_suspended_job_reads_as_in_the_attempt_its_steps_name_cli_and_dashboar
         ("timeout", "inf", "at most 100 years"),
         ("timeout", 10**13, "at most 100 years"),
         ("signal", "nul", "NUL"),
-        ("signal", "surrogate", "surrogate"),
+        ("signal", "surrogate", "must be valid Unicode text"),
         ("signal", "", "1 to 200 characters"),
     ],
 )
