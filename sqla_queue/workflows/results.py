@@ -24,6 +24,17 @@ class ParentError:
     status: str
     error: dict[str, Any] | None
 
+    def __repr__(self) -> str:
+        """The status and the error's type and message: never the whole traceback, which
+        would follow a dependent's ``ctx.parent_results`` into every log line."""
+        if not self.error:
+            return f"ParentError({self.status!r})"
+        kind = self.error.get("type", "error")
+        message = str(self.error.get("message", ""))
+        if len(message) > 200:
+            message = message[:200] + "…"
+        return f"ParentError({self.status!r}, {kind}: {message})"
+
 
 def parent_results_of(rows: Iterable[Any]) -> dict[str, Any]:
     """``{parent's node name: its result, or a ParentError}`` from ``(name, outcome,
