@@ -55,6 +55,13 @@ class JobRow:
     #: A suspended job's deadline; ``None`` when it waits without one (or is not suspended).
     until: dt.datetime | None = None
 
+    @property
+    def current_attempt(self) -> int:
+        """The attempt the job is in, as its steps count it: a suspended job gave its
+        attempt back (a wait is not an attempt), and resumes that same attempt when it
+        wakes; any other job is in ``attempts``."""
+        return self.attempts + 1 if self.state == "suspended" else self.attempts
+
     def as_json(self) -> dict[str, Any]:
         """The row as JSON-ready values (times in ISO 8601)."""
         values: dict[str, Any] = {}

@@ -52,7 +52,6 @@ __all__ = [
     "run_migrate",
     "run_signal",
     "run_versions",
-    "shown_attempt",
 ]
 
 JOB_HELP = f"""\
@@ -110,12 +109,6 @@ _STEP_COLUMNS = (
 )
 
 
-def shown_attempt(row: JobRow) -> int:
-    """The attempt a job is in, as its steps count it: a suspended job gave its attempt
-    back (a wait is not an attempt), and resumes that same attempt when it wakes."""
-    return row.attempts + 1 if row.state == "suspended" else row.attempts
-
-
 def _compensation(step: StepRecord) -> str:
     if not step.has_compensation:
         return "-"
@@ -144,7 +137,7 @@ def _print_job(row: JobRow, steps: Sequence[StepRecord]) -> None:
         (f"job {row.id}", "bold"),
         row.task,
         row.state,
-        f"attempt {format_attempts(shown_attempt(row), row.max_attempts)}"
+        f"attempt {format_attempts(row.current_attempt, row.max_attempts)}"
         + (" (suspended in it)" if row.state == "suspended" else ""),
     ]
     if row.state == "suspended":

@@ -319,7 +319,7 @@ def run_jobs(args: argparse.Namespace) -> int:
                 row.task,
                 row.state,
                 *wait,
-                format_attempts(row.attempts, row.max_attempts),
+                format_attempts(row.current_attempt, row.max_attempts),
                 format_time(row.created_at),
                 format_time(row.finished_at),
                 row.unique_key if row.unique_key is not None else "-",

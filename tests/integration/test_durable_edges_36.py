@@ -510,6 +510,11 @@ def test_a_suspended_job_reads_as_in_the_attempt_its_steps_name_cli_and_dashboar
     assert "declared" in out and "pending" not in out
     steps = [line.split() for line in out.splitlines() if line.startswith("charge ")]
     assert steps and "1" in steps[0]
+    # The listing counts the same attempt.
+    assert main(["jobs", TARGET, "--url", db_url, "--status", "suspended"]) == EXIT_OK
+    listed_out = capsys.readouterr().out
+    row_line = next(line for line in listed_out.splitlines() if line.split()[:1] == [str(job)])
+    assert "1 of 1" in row_line and "0 of 1" not in row_line, listed_out
 
     pytest.importorskip("starlette", reason="the dashboard extra is not installed")
     pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx")
